@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what the build, the tests and the tools need: Debian packages through
+# apt-get and Python packages through pip. Idempotent: re-running installs nothing new.
+set -euo pipefail
+
+debs=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev python3-venv)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "bootstrap: installing ${missing[*]}" >&2
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
+fi
+
+# Python side (binding, tests, plots).
+py=${PYTHON:-python3}
+pips=(nanobind==3.1.0 scikit-build-core numpy pytest matplotlib)
+if ! "$py" -c "import nanobind, scikit_build_core, numpy, pytest, matplotlib" >/dev/null 2>&1; then
+  echo "bootstrap: pip installing ${pips[*]}" >&2
+  "$py" -m pip install -q "${pips[@]}"
+fi

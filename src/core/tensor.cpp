@@ -1,0 +1,114 @@
+#include "pagedmha/tensor.h"
+
+#include <sstream>
+
+#include "pagedmha/error.h"
+
+namespace pagedmha {
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::bf16:
+    case DType::fp16:
+      return 2;
+    case DType::fp32:
+    case DType::int32:
+      return 4;
+    case DType::int64:
+      return 8;
+    case DType::uint8:
+    case DType::fp8_e4m3:
+      return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return "bf16";
+    case DType::fp16: return "fp16";
+    case DType::fp32: return "fp32";
+    case DType::int32: return "int32";
+    case DType::int64: return "int64";
+    case DType::uint8: return "uint8";
+    case DType::fp8_e4m3: return "fp8_e4m3";
+  }
+  return "unknown";
+}
+
+std::string Device::str() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+
+TensorView TensorView::from_arrays(void* data, DType dtype, Device device, int ndim,
+                                   const int64_t* shape, const int64_t* strides) {
+  if (ndim < 0 || ndim > kMaxDims) {
+    throw_invalid_argument("TensorView", "ndim", "0.." + std::to_string(kMaxDims), std::to_string(ndim));
+  }
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.ndim = ndim;
+  int64_t running = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    t.shape[d] = shape[d];
+    t.strides[d] = strides ? strides[d] : running;
+    running *= shape[d];
+  }
+  return t;
+}
+
+TensorView::TensorView(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape)
+    : TensorView(from_arrays(data, dtype, device, static_cast<int>(shape.size()), shape.begin())) {}
+
+TensorView::TensorView(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape,
+                       std::initializer_list<int64_t> strides)
+    : TensorView(from_arrays(data, dtype, device, static_cast<int>(shape.size()), shape.begin(),
+                             strides.begin())) {
+  if (strides.size() != shape.size()) {
+    throw_invalid_argument("TensorView", "strides", std::to_string(shape.size()) + " strides",
+                           std::to_string(strides.size()));
+  }
+}
+
+int64_t TensorView::numel() const {
+  if (!defined()) return 0;
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  return n;
+}
+
+bool TensorView::is_contiguous() const {
+  int64_t expected = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    if (strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
+
+std::string TensorView::shape_str() const {
+  if (!defined()) return "undefined";
+  std::ostringstream os;
+  os << '[';
+  for (int d = 0; d < ndim; ++d) os << (d ? ", " : "") << shape[d];
+  os << ']';
+  return os.str();
+}
+
+TensorView TensorView::slice(int dim, int64_t start, int64_t length) const {
+  if (dim < 0) dim += ndim;
+  if (dim < 0 || dim >= ndim || start < 0 || length < 0 || start + length > shape[dim]) {
+    throw_invalid_argument("TensorView::slice", "range",
+                           "within " + shape_str() + " on dim " + std::to_string(dim),
+                           "[" + std::to_string(start) + ", " + std::to_string(start + length) + ")");
+  }
+  TensorView t = *this;
+  t.data = static_cast<char*>(data) + start * strides[dim] * static_cast<int64_t>(element_size());
+  t.shape[dim] = length;
+  return t;
+}
+
+}  // namespace pagedmha

@@ -1,0 +1,28 @@
+// Error checking for CUDA runtime calls and kernel launches.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "pagedmha/error.h"
+
+namespace pagedmha::cuda {
+
+[[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
+  throw Error(std::string("CUDA error: ") + what + " returned " + cudaGetErrorName(err) + " (" +
+              cudaGetErrorString(err) + ") at " + file + ":" + std::to_string(line));
+}
+
+}  // namespace pagedmha::cuda
+
+#define PAGEDMHA_CUDA_CHECK(expr)                                                         \
+  do {                                                                                    \
+    const cudaError_t pagedmha_err_ = (expr);                                             \
+    if (pagedmha_err_ != cudaSuccess) {                                                   \
+      ::pagedmha::cuda::throw_cuda_error(pagedmha_err_, #expr, __FILE__, __LINE__);       \
+    }                                                                                     \
+  } while (0)
+
+// After a launch: reports configuration errors without synchronising.
+#define PAGEDMHA_CUDA_CHECK_LAUNCH() PAGEDMHA_CUDA_CHECK(cudaGetLastError())

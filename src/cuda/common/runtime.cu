@@ -1,0 +1,54 @@
+// Checked wrappers over the CUDA runtime used by the host side of the library.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/common/check.cuh"
+#include "cuda/cuda_ops.h"
+
+namespace pagedmha::cuda {
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+void* malloc_device(std::size_t bytes, int device_index) {
+  int previous = 0;
+  PAGEDMHA_CUDA_CHECK(cudaGetDevice(&previous));
+  PAGEDMHA_CUDA_CHECK(cudaSetDevice(device_index));
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMalloc(&ptr, bytes);
+  cudaSetDevice(previous);
+  if (err != cudaSuccess) {
+    throw Error("Buffer: bytes: expected an allocation that fits on cuda:" + std::to_string(device_index) +
+                ", got " + std::to_string(bytes) + " bytes (" + cudaGetErrorString(err) + ")");
+  }
+  return ptr;
+}
+
+void free_device(void* ptr) { cudaFree(ptr); }
+
+void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream) {
+  PAGEDMHA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+}
+
+void memset_async(void* dst, int value, std::size_t bytes, void* stream) {
+  PAGEDMHA_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)));
+}
+
+void stream_synchronize(void* stream) {
+  PAGEDMHA_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+
+int multiprocessor_count(int device_index) {
+  int n = 0;
+  PAGEDMHA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device_index));
+  return n;
+}
+
+}  // namespace pagedmha::cuda

@@ -1,0 +1,40 @@
+// CUDA implementations, one kernel family per folder. Plain C++ declarations so the
+// front end (src/core/ops.cpp) includes no CUDA headers. Arguments are validated.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/problem.h"
+
+namespace pagedmha::cuda {
+
+// decode/
+void batch_decode(const detail::AttentionProblem& p);
+std::size_t decode_workspace_size(int device_index, int64_t batch, int q_len_per_req,
+                                  int num_q_heads, int num_kv_heads, int head_dim);
+// prefill/
+void batch_prefill(const detail::AttentionProblem& p);
+// kvcache/
+void append_kv(const detail::AppendKvProblem& p);
+// metadata/
+void gather_page_table(const detail::GatherPageTableProblem& p);
+void metadata(const detail::MetadataProblem& p);
+
+/// Debug validation: checks on the device that every page id the attention problem
+/// would read lies in [0, num_pages); synchronises; throws Error naming the first bad
+/// (row, column, value).
+void validate_page_ids(const detail::AttentionProblem& p);
+/// Debug validation: every out_cache_loc in [0, num_pages * page_size).
+void validate_slots(const detail::AppendKvProblem& p);
+
+// runtime (common/runtime.cu): thin checked wrappers over the CUDA runtime.
+int device_count();  // 0 when no driver / device
+void* malloc_device(std::size_t bytes, int device_index);
+void free_device(void* ptr);
+void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream);
+void memset_async(void* dst, int value, std::size_t bytes, void* stream);
+void stream_synchronize(void* stream);
+int multiprocessor_count(int device_index);
+
+}  // namespace pagedmha::cuda
