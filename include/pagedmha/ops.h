@@ -133,6 +133,13 @@ void cumsum_lengths(const TensorView& lengths, const TensorView& out, Stream str
 void clamp_seq_lens(const TensorView& seq_lens, int min_len, const TensorView& out,
                     Stream stream = {});
 
+/// Two-sided clamp with expansion: out[i * repeat + j] = min(max(seq_lens[i], min_len),
+/// max_len) for j < repeat. Verify uses (N, C, 1); block-diffusion drafts (N, C, N): every
+/// one of a request's N rows gets the clamped block-end length. seq_lens: int32 [n];
+/// out: int32 [n * repeat] (in-place allowed when repeat == 1); 0 <= min_len <= max_len.
+void clamp_seq_lens(const TensorView& seq_lens, int min_len, int max_len, int repeat,
+                    const TensorView& out, Stream stream = {});
+
 /// Write slots of decode (q_len_per_req == 1) and verify (N > 1) steps:
 /// out[r * N + j] = slot(r, max(seq_lens[r] - N + j, 0)), with
 /// slot(r, pos) = page_table[r, pos / page_size] * page_size + pos % page_size.

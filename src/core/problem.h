@@ -115,6 +115,8 @@ struct MetadataProblem {
   int64_t n = 0;  // elements of `in` (requests)
   int page_size = 0;
   int value = 0;  // clamp min_len, or q_len_per_req for decode_write_slots
+  int max_value = 0x7fffffff;  // clamp max_len
+  int repeat = 1;              // clamp: copies of each entry (out[i * repeat + j])
   Device device{};
   void* stream = nullptr;
 };

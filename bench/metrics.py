@@ -1,0 +1,218 @@
+"""Byte and flop counts, record matching and target checks for the attention benchmark.
+
+Standard library only: bench/bench_attention.py (on the GPU machine) and
+scripts/perf_tables.py (anywhere) share these, and tests/python/test_perf_tables.py checks
+them against hand-computed values. Definitions follow shared/design/PERFORMANCE.md:
+
+* decode effective bytes = K and V bytes of the keys visible to at least one query of the
+  request (each KV head read once, whatever the GQA group) + Q bytes + O bytes;
+* prefill flops = 4 * Hq * D * visible (query, key) pairs, counted exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Optional
+
+# Geometry of the standard shapes (PERFORMANCE.md "Standard shapes").
+MODELS = {
+    "llama3-8b": {"hq": 32, "hkv": 8, "d": 128},
+    "llama3-70b": {"hq": 64, "hkv": 8, "d": 128},
+    "gpt-oss": {"hq": 64, "hkv": 8, "d": 64},
+    "qwen2.5-7b": {"hq": 28, "hkv": 4, "d": 128},
+    "gemma": {"hq": 16, "hkv": 8, "d": 256},
+}
+
+IMPL_OURS = "pagedmha"
+IMPL_CUDNN = "torch-cudnn"
+IMPL_FLASH = "torch-flash"
+
+_ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8": 1}
+
+
+def elem_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name used in records ("bf16", "fp8_e4m3", ...)."""
+    try:
+        return _ELEM_BYTES[dtype]
+    except KeyError:
+        raise ValueError(f"elem_bytes: dtype: expected one of {sorted(_ELEM_BYTES)}, got {dtype!r}")
+
+
+def _sum_range(lo: int, hi: int) -> int:
+    """Sum of the integers in [lo, hi] (0 when empty)."""
+    if hi < lo:
+        return 0
+    return (lo + hi) * (hi - lo + 1) // 2
+
+
+def visible_pairs(q_len: int, kv_len: int, window_left: int = -1, causal: bool = True) -> int:
+    """Visible (query, key) pairs of one request (SEMANTICS.md section 1).
+
+    Query i in [0, q_len) sits at position p = kv_len - q_len + i. Causal: key j is visible
+    iff j <= p and (window_left < 0 or j >= p - window_left). Non-causal: every key
+    j in [0, kv_len) with j >= p - window_left (window from the left only).
+    """
+    if q_len < 0 or kv_len < 0:
+        raise ValueError(f"visible_pairs: expected q_len, kv_len >= 0, got {q_len}, {kv_len}")
+    if q_len == 0 or kv_len == 0:
+        return 0
+    p_first, p_last = kv_len - q_len, kv_len - 1
+    if not causal:
+        if window_left < 0:
+            return q_len * kv_len
+        # Query p sees kv_len - max(0, p - W) keys.
+        w = window_left
+        split = min(p_last, w)  # p <= W: the window reaches key 0
+        full = max(0, split - p_first + 1)
+        lo = max(p_first, w + 1)
+        tail = (p_last - lo + 1) * (kv_len + w) - _sum_range(lo, p_last) if lo <= p_last else 0
+        return full * kv_len + tail
+    p0 = max(0, p_first)  # queries before the first key see nothing
+    if window_left < 0:
+        return _sum_range(p0 + 1, p_last + 1)
+    w = window_left
+    # min(p, W) + 1 keys: p + 1 while p <= W, then W + 1.
+    head = _sum_range(p0 + 1, min(p_last, w) + 1)
+    lo = max(p0, w + 1)
+    tail = (p_last - lo + 1) * (w + 1) if lo <= p_last else 0
+    return head + tail
+
+
+def visible_keys(q_len: int, kv_len: int, window_left: int = -1) -> int:
+    """Distinct keys a causal request reads: those visible to at least one of its queries."""
+    if q_len <= 0 or kv_len <= 0:
+        return 0
+    if window_left < 0:
+        return kv_len
+    first = max(0, kv_len - q_len - window_left)
+    return kv_len - first
+
+
+def decode_bytes(batch: int, ctx: int, q_len: int, hq: int, hkv: int, d: int, kv_dtype: str,
+                 q_dtype: str = "bf16", o_dtype: str = "bf16", window_left: int = -1) -> int:
+    """Effective bytes of a uniform decode step: K + V of the visible keys, Q and O."""
+    kv = batch * visible_keys(q_len, ctx, window_left) * hkv * d * elem_bytes(kv_dtype) * 2
+    q = batch * q_len * hq * d * elem_bytes(q_dtype)
+    o = batch * q_len * hq * d * elem_bytes(o_dtype)
+    return kv + q + o
+
+
+def prefill_flops(q_lens: Iterable[int], kv_lens: Iterable[int], hq: int, d: int,
+                  window_left: int = -1, causal: bool = True) -> int:
+    """4 * Hq * D * visible pairs, summed over the requests (QK^T and PV, 2 flops per MAC)."""
+    pairs = sum(visible_pairs(n, l, window_left, causal) for n, l in zip(q_lens, kv_lens))
+    return 4 * hq * d * pairs
+
+
+def tbps(nbytes: float, time_us: float) -> float:
+    return nbytes / (time_us * 1e-6) / 1e12
+
+
+def tflops(flops: float, time_us: float) -> float:
+    return flops / (time_us * 1e-6) / 1e12
+
+
+def gpu_slug(name: str) -> str:
+    """File-name form of a device name: "NVIDIA H200" -> "h200"."""
+    s = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.IGNORECASE).lower()
+    s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
+    return s or "unknown-gpu"
+
+
+# --- Records -------------------------------------------------------------------------
+
+# Fields that name a problem. Peers run on dense caches, so page_size (and sinks, which
+# SDPA cannot do) are not part of the key that pairs ours with a peer.
+SHAPE_FIELDS = ("op", "model", "batch", "ctx", "q_len", "kv_dtype", "window_left")
+
+
+def shape_key(rec: dict) -> tuple:
+    return tuple(rec.get(f, -1 if f == "window_left" else None) for f in SHAPE_FIELDS)
+
+
+def metric_of(rec: dict) -> Optional[float]:
+    """The figure of merit of a record: TB/s for decode, TFLOP/s for prefill."""
+    return rec.get("tbps") if rec.get("op") == "decode" else rec.get("tflops")
+
+
+def ok(rec: dict) -> bool:
+    return not rec.get("error") and isinstance(rec.get("time_us"), (int, float)) \
+        and rec["time_us"] > 0
+
+
+def peer_index(records: Iterable[dict]) -> dict:
+    """{(shape_key, impl): record} for the successful peer records."""
+    idx = {}
+    for r in records:
+        if r.get("impl") != IMPL_OURS and ok(r):
+            idx[(shape_key(r), r["impl"])] = r
+    return idx
+
+
+def ratio_to_peer(ours: dict, peers: dict, impl: str) -> Optional[float]:
+    """Our figure of merit over the peer's on the same shape (None when either is missing)."""
+    peer = peers.get((shape_key(ours), impl))
+    if not ok(ours) or peer is None:
+        return None
+    a, b = metric_of(ours), metric_of(peer)
+    if not a or not b:
+        return None
+    return a / b
+
+
+def find(records: Iterable[dict], **fields) -> Optional[dict]:
+    """The first successful record whose fields equal `fields`."""
+    for r in records:
+        if ok(r) and all(r.get(k, -1 if k == "window_left" else None) == v
+                         for k, v in fields.items()):
+            return r
+    return None
+
+
+def evaluate_targets(records: list) -> list:
+    """The issue's performance targets: [{"name", "value", "threshold", "met"}].
+
+    value is None (met None) when a record the target needs is missing or failed.
+    """
+    peers = peer_index(records)
+    out = []
+
+    def add(name, value, threshold):
+        out.append({"name": name, "value": value, "threshold": threshold,
+                    "met": None if value is None else value >= threshold})
+
+    def ours(**kw):
+        base = {"impl": IMPL_OURS, "model": "llama3-8b", "q_len": 1, "page_size": 16,
+                "kv_dtype": "bf16", "window_left": -1}
+        base.update(kw)
+        return find(records, **base)
+
+    def vs(rec, impl):
+        return None if rec is None else ratio_to_peer(rec, peers, impl)
+
+    add("decode llama3-8b 64x4k p16 bf16: TB/s vs cuDNN",
+        vs(ours(op="decode", batch=64, ctx=4096), IMPL_CUDNN), 0.85)
+    add("decode llama3-8b 1x32k p16 bf16: TB/s vs cuDNN",
+        vs(ours(op="decode", batch=1, ctx=32768), IMPL_CUDNN), 1.0)
+
+    bf = ours(op="decode", batch=128, ctx=32768)
+    f8 = ours(op="decode", batch=128, ctx=32768, kv_dtype="fp8_e4m3")
+    add("decode llama3-8b 128x32k p16: fp8-KV tokens/s vs bf16-KV",
+        None if bf is None or f8 is None else bf["time_us"] / f8["time_us"], 1.6)
+
+    full = ours(op="decode", batch=64, ctx=32768)
+    win = ours(op="decode", batch=64, ctx=32768, window_left=127)
+    add("decode llama3-8b 64x32k p16 bf16: speed-up of window 127",
+        None if full is None or win is None else full["time_us"] / win["time_us"], 20.0)
+
+    pf = find(records, op="prefill", impl=IMPL_OURS, model="llama3-8b", batch=4, ctx=4096,
+              q_len=4096, kv_dtype="bf16", window_left=-1)
+    add("prefill llama3-8b causal 4x4k: TFLOP/s vs cuDNN", vs(pf, IMPL_CUDNN), 0.6)
+    add("prefill llama3-8b causal 4x4k: TFLOP/s vs flash", vs(pf, IMPL_FLASH), 1.0)
+    return out
+
+
+def fmt_target(t: dict) -> str:
+    v = "n/a" if t["value"] is None else f"{t['value']:.2f}x"
+    mark = "no data" if t["met"] is None else ("met" if t["met"] else "NOT met")
+    return f"{t['name']}: {v} (target >= {t['threshold']:g}x) {mark}"

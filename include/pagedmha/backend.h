@@ -1,0 +1,265 @@
+// MhaBackend: the attention backend a serving engine embeds (SEMANTICS.md sections 3-6).
+// It owns no kernels: it turns the engine's per-step batch description into attention
+// metadata (KV lengths, cu_seqlens, page tables, write slots) with the ops of ops.h,
+// writes new K/V and calls batch_decode / batch_prefill. CPU and CUDA tensors alike.
+//
+// Usage (one backend per model; a drafter gets its own with is_draft = true):
+//
+//   pagedmha::BackendConfig cfg;
+//   cfg.page_size = 64; cfg.context_len = 8192; cfg.max_bs = 256;
+//   cfg.device = pagedmha::Device::cuda(0); cfg.stream = stream;
+//   cfg.num_q_heads = 32; cfg.num_kv_heads = 8; cfg.head_dim = 128;  // sizes the workspace
+//   auto backend = pagedmha::create_backend("pagedmha", cfg);         // registry.h
+//
+//   // Every step (eager):
+//   pagedmha::ForwardBatch fb;
+//   fb.forward_mode = pagedmha::ForwardMode::decode;
+//   fb.batch_size = bs; fb.req_pool_indices = rpi; fb.seq_lens = seq_lens;  // int32, device
+//   fb.req_to_page = req_to_page;                                           // int32, device
+//   backend->init_forward_metadata(fb);
+//   for (const auto& layer : layers)   // q, k, v: [T, H*D]; out: [T, Hq*D]
+//     backend->forward_decode(q, k, v, layer, {k_cache[l], v_cache[l]}, out_cache_loc, bs, out);
+//
+//   // CUDA graphs (decode, verify, draft, block draft):
+//   backend->init_cuda_graph_state(max_bs, seq_lens_buf);           // once
+//   backend->init_forward_metadata_capture_cuda_graph(bs, ForwardMode::decode);  // per padded bs,
+//   ... capture the layers' forward_decode calls ...                // before capture begins
+//   backend->init_forward_metadata_replay_cuda_graph(fb);          // every step, then replay
+//
+// Extend (prefill) steps set extend_seq_lens_cpu (and extend_prefix_lens_cpu for a cached
+// prefix) as host int32 tensors and call forward_extend. Host code never reads a device value.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "pagedmha/error.h"
+#include "pagedmha/memory.h"
+#include "pagedmha/ops.h"
+#include "pagedmha/tensor.h"
+
+namespace pagedmha {
+
+/// The engine's forward modes. draft_extend behaves as extend, target_verify as a
+/// decode step with spec_num_tokens queries per request.
+enum class ForwardMode : uint8_t { extend, decode, mixed, idle, target_verify, draft_extend };
+
+/// "extend", "decode", ...
+const char* forward_mode_name(ForwardMode mode);
+/// extend, mixed and draft_extend: ragged queries through the prefill slot.
+inline bool is_extend_or_mixed(ForwardMode m) {
+  return m == ForwardMode::extend || m == ForwardMode::mixed || m == ForwardMode::draft_extend;
+}
+
+/// Construction config (fixed for the backend's lifetime).
+struct BackendConfig {
+  int page_size = 16;      ///< P: tokens per page (>= 1).
+  int context_len = 0;     ///< C: the longest KV length of a request, tokens (>= 1).
+  DType kv_cache_dtype = DType::bf16;  ///< bf16, fp16 or fp8_e4m3.
+  DType out_dtype = DType::bf16;       ///< Output dtype (bf16 or fp16): the query dtype.
+  int max_bs = 1;          ///< Most requests in one step (eager and graph buffers).
+  Device device{};
+  int spec_num_tokens = 1;  ///< N: speculative tokens per request (1..8; 1 = off).
+  bool is_draft = false;    ///< This backend serves the drafter of a speculative pair.
+  bool draft_block_decode = false;  ///< Block-diffusion (DFLASH) drafter: N rows per request.
+  /// Decode workspace bytes. 0: sized from the geometry below for max_bs * N rows (0 on CPU).
+  std::size_t workspace_bytes = 0;
+  /// Largest layer geometry; sizes the workspace when workspace_bytes is 0.
+  int num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  /// Cache groups of the "state" family (recurrent layers without KV): dropped everywhere.
+  std::vector<std::string> state_cache_groups;
+  /// Stream every op of this backend is issued on (set_stream changes it).
+  Stream stream{};
+};
+
+/// Per-layer attention parameters (the engine's attention layer).
+struct LayerSpec {
+  int layer_id = 0;
+  int num_q_heads = 0;   ///< Hq
+  int num_kv_heads = 0;  ///< Hkv (Hq % Hkv == 0)
+  int head_dim = 0;      ///< D: 64, 128 or 256
+  float scaling = 0.0f;  ///< sm_scale, usually D^-0.5
+  int window_left = -1;  ///< W; -1: no window (HF sliding_window S -> S - 1)
+  /// fp8 caches only: stored = x / scale; reads use bmm1 = scaling * k_scale, bmm2 = v_scale.
+  /// Ignored (treated as 1) for bf16 / fp16 caches, which store values unscaled.
+  float k_scale = 1.0f, v_scale = 1.0f;
+  float logits_soft_cap = 0.0f;
+  std::string group_id;  ///< Cache group whose page table this layer reads and writes.
+  TensorView sinks;      ///< Optional fp32 [Hq] sink logits.
+};
+
+/// One layer's paged K and V buffers ([num_slots, Hkv, D] or [num_pages, P, Hkv, D]).
+struct KvCacheView {
+  TensorView k_cache, v_cache;
+};
+
+/// A cache group's page table for this step: int32 [>= bs, cols] of absolute page ids.
+/// Eager tables may carry -1 in ragged tails (never dereferenced).
+struct CacheGroupTable {
+  std::string group_id;
+  TensorView page_table;
+};
+
+/// What the engine passes every step (device tensors on config.device unless "host").
+struct ForwardBatch {
+  ForwardMode forward_mode = ForwardMode::decode;
+  int batch_size = 0;           ///< bs: requests (rows of seq_lens used).
+  TensorView req_pool_indices;  ///< int32 [>= bs]; padded rows use 0.
+  TensorView seq_lens;          ///< int32 [>= bs]: KV length after this step.
+  TensorView seq_lens_cpu;      ///< host int32 [>= bs] (optional; not needed by the backend).
+  /// host int32 [>= bs]: new tokens per request (extend / mixed: decode rows give 1).
+  TensorView extend_seq_lens_cpu;
+  /// host int32 [>= bs]: cached prefix per request (absent: no prefix).
+  TensorView extend_prefix_lens_cpu;
+  TensorView out_cache_loc;  ///< int32 [T]: slots of the new tokens (single-table mode).
+  TensorView req_to_page;    ///< int32 [max_requests + 1, max_pages]; row 0 all zeros.
+  /// Per-cache-group tables (hybrid models). Empty: one table from req_to_page.
+  std::vector<CacheGroupTable> group_tables;
+};
+
+/// A cache group's resolved view inside one metadata slot.
+struct GroupMetadata {
+  std::string group_id;
+  TensorView page_table;     ///< int32 [batch, cols]
+  TensorView out_cache_loc;  ///< int32 write slots of this step (decode: [bs], verify: [bs*N],
+                             ///< extend: [total new tokens]); undefined when not computed.
+};
+
+/// One metadata slot: what one kernel call reads (all tensors int32 on the device).
+struct AttentionMetadata {
+  TensorView cache_seqlens;  ///< [batch] KV length per kernel row
+  TensorView cu_seqlens_q;   ///< [batch + 1]
+  TensorView cu_seqlens_k;   ///< [batch + 1] (extend only)
+  TensorView page_table;     ///< [batch, cols] (single-table mode; undefined with groups)
+  std::vector<GroupMetadata> groups;
+  int batch = 0;          ///< Kernel rows (requests; block draft: bs * N)
+  int max_seq_len_q = 1;  ///< Host bound of the queries per row
+  int64_t num_tokens = 0; ///< Query rows of the step (batch * max_seq_len_q unless ragged)
+  bool ragged = false;    ///< true: batch_prefill with cu_seqlens_q; false: batch_decode
+};
+
+/// The backend. Not thread-safe; one instance per model (and per drafter).
+class MhaBackend {
+ public:
+  /// Allocates every persistent buffer (page tables [max_bs * rows, ceil(C / P)], clamp
+  /// buffers, workspace). Errors: invalid config values.
+  explicit MhaBackend(const BackendConfig& config);
+  MhaBackend(const MhaBackend&) = delete;
+  MhaBackend& operator=(const MhaBackend&) = delete;
+
+  const BackendConfig& config() const { return config_; }
+  void set_stream(Stream stream) { config_.stream = stream; }
+  /// Pages per request row: ceil(context_len / page_size).
+  int max_num_pages() const { return max_num_pages_; }
+  bool support_kv_cache_prewrite() const { return true; }
+
+  /// Builds the metadata of one eager step (SEMANTICS.md section 3). extend / mixed /
+  /// draft_extend: prefill slot (and, for a drafter, the decode slot too); decode /
+  /// target_verify: decode slot, plus the verify prefill slot when N > 1; block draft:
+  /// decode slot with bs * N rows; idle: nothing. Issues device work on the stream only.
+  /// Errors: dtypes, devices, bs > max_bs, missing host lengths, unknown group ids.
+  void init_forward_metadata(const ForwardBatch& batch);
+
+  /// Attention for extend / mixed steps through the prefill slot. q: [T, Hq * D] or
+  /// [T, Hq, D] (strided rows allowed); k, v: [T, Hkv * D] or [T, Hkv, D], or undefined;
+  /// out: [T, Hq * D] or [T, Hq, D] of the query dtype. When save_kv_cache and k is given,
+  /// writes K/V at select_out_cache_loc(...) first. Returns out as [T, Hq * D].
+  TensorView forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const LayerSpec& layer, const KvCacheView& kv,
+                            const TensorView& out_cache_loc, int bs, const TensorView& out,
+                            bool save_kv_cache = true);
+  /// Attention for decode-mode steps. Routing: block draft -> decode slot; else
+  /// q rows / bs > 1 -> prefill slot (uniform N queries, decode kernel); else decode slot.
+  TensorView forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const LayerSpec& layer, const KvCacheView& kv,
+                            const TensorView& out_cache_loc, int bs, const TensorView& out,
+                            bool save_kv_cache = true);
+
+  /// Write slots for a KV prewrite of `layer` in this step: the layer's group slots when
+  /// cache groups are active (a drafter prefers the caller's), else `out_cache_loc`.
+  TensorView select_out_cache_loc(const LayerSpec& layer, ForwardMode mode,
+                                  const TensorView& out_cache_loc) const;
+
+  // ---- CUDA graphs (SEMANTICS.md section 4) ----
+
+  /// Allocates the graph buffers for up to max_bs requests (<= config.max_bs).
+  /// seq_lens_buf: the engine's int32 [>= max_bs] lengths buffer; the decode slot's
+  /// cache_seqlens aliases it and the backend never writes it. cache_group_ids: the groups
+  /// a captured step may use (state groups are shed); each gets a [max_bs, max_pages]
+  /// table padded with 0 and write-slot buffers.
+  void init_cuda_graph_state(int max_bs, const TensorView& seq_lens_buf,
+                             const std::vector<std::string>& cache_group_ids = {});
+  /// Records the metadata slots of padded batch size bs (decode-mode steps only) over the
+  /// graph buffers and points the slots at them. Call before capture begins.
+  /// cache_group_ids: the groups this graph reads (subset of init_cuda_graph_state's).
+  void init_forward_metadata_capture_cuda_graph(int bs, ForwardMode mode,
+                                                const std::vector<std::string>& cache_group_ids = {});
+  /// Before each replay, outside the graph: gathers page tables (req_to_page or the
+  /// group tables) into the graph buffers, recomputes clamps and write slots, re-points
+  /// the slots. batch.seq_lens must be the seq_lens_buf the engine already filled.
+  /// Errors: bs not captured, a captured group's table missing (stale-table guard).
+  void init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch);
+  /// Block draft, inside the graph: KV length of the N rows of request r becomes
+  /// clamp(block_ends[r], N, C). block_ends: int32 [>= bs] on the device.
+  void fill_block_decode_seq_lens(int bs, const TensorView& block_ends);
+
+  /// The current slots (null when the last init did not set them). For tools and tests.
+  const AttentionMetadata* prefill_metadata() const { return prefill_slot_; }
+  const AttentionMetadata* decode_metadata() const { return decode_slot_; }
+
+ private:
+  struct GroupBuffers {  // persistent per-group buffers
+    Buffer table;        // [rows, max_pages] (graph only)
+    Buffer decode_slots, verify_slots, extend_slots;
+    int64_t extend_capacity = 0;
+    int64_t written_cols = 0;  // graph: widest live table copied so far
+  };
+  struct GraphState {
+    int max_bs = 0;
+    TensorView seq_lens_buf;
+    Buffer page_table, spec_seqlens, block_seqlens;
+    std::map<std::string, GroupBuffers> groups;
+    std::map<int, AttentionMetadata> decode, prefill;
+    std::map<int, std::vector<std::string>> captured_groups;
+  };
+
+  bool block_draft() const { return config_.draft_block_decode && config_.spec_num_tokens > 1; }
+  int verify_writes() const { return config_.is_draft ? 1 : config_.spec_num_tokens; }
+  std::vector<CacheGroupTable> shed_state_groups(const std::vector<CacheGroupTable>& tables) const;
+  void check_batch(const ForwardBatch& batch, int max_bs) const;
+  TensorView iota(int64_t n) const;        // 0, 1, ..., n - 1
+  TensorView iota_step(int64_t n) const;   // 0, N, 2N, ... (n entries)
+  void gather_block_rows(const ForwardBatch& batch, const TensorView& out) const;
+  void clamp(const TensorView& in, int lo, int hi, int repeat, const TensorView& out) const;
+  void gather(const ForwardBatch& batch, const TensorView& seq_lens, const TensorView& out) const;
+  const AttentionMetadata* select_slot(ForwardMode mode) const;
+  TensorView select_loc(const LayerSpec& layer, const AttentionMetadata* md,
+                        const TensorView& out_cache_loc) const;
+  GroupBuffers& eager_group(const std::string& id);
+  const GroupMetadata& layer_group(const LayerSpec& layer, const AttentionMetadata& md) const;
+  TensorView run_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const LayerSpec& layer, const KvCacheView& kv,
+                           const TensorView& out_cache_loc, const AttentionMetadata& md,
+                           const TensorView& out, bool save_kv_cache, const char* op);
+
+  BackendConfig config_;
+  int max_num_pages_ = 0;
+  int64_t max_rows_ = 0;  // max_bs * (block draft ? N : 1)
+  Buffer workspace_;
+  Buffer iota_buf_, iota_step_buf_, full_len_buf_;  // constants
+  Buffer page_table_buf_, spec_seqlens_buf_, block_seqlens_buf_;
+  Buffer ext_meta_buf_;              // device [cu_q (bs+1) | cu_k (bs+1) | prefix (bs)]
+  std::vector<int32_t> ext_meta_host_;
+  std::map<std::string, GroupBuffers> eager_groups_;
+  AttentionMetadata eager_prefill_, eager_decode_;
+  const AttentionMetadata* prefill_slot_ = nullptr;
+  const AttentionMetadata* decode_slot_ = nullptr;
+  bool has_graph_ = false;
+  GraphState graph_;
+};
+
+}  // namespace pagedmha

@@ -1,0 +1,184 @@
+"""pagedmha ops as PyTorch custom ops (``torch.ops.pagedmha.*``).
+
+Each op is a ``torch.library.custom_op`` that writes its outputs in place (they are listed
+in ``mutates_args``) and returns None, with a fake (meta) implementation, so it can be
+called from a model compiled with ``torch.compile`` (the ops are opaque to Dynamo and
+functionalized by Inductor) and captured in a ``torch.cuda.CUDAGraph``: an op issues its
+work on ``torch.cuda.current_stream()``, never synchronises and never allocates.
+
+Arguments and semantics are those of the same-named functions in :mod:`pagedmha`
+(shapes, dtypes, units in their docstrings); tensors may be CPU or CUDA, bf16 / fp16 /
+float8_e4m3fn / fp32 / int32 as each op requires, any strides with a contiguous last dim.
+
+Importing this module imports torch; ``import pagedmha`` alone does not.
+"""
+
+from typing import Optional
+
+import torch
+
+import pagedmha as _pm
+
+__all__ = [
+    "append_kv",
+    "batch_decode",
+    "batch_prefill",
+    "gather_page_table_with_padding",
+    "cumsum_lengths",
+    "clamp_seq_lens",
+    "decode_write_slots",
+    "extend_write_slots",
+]
+
+
+def _stream(t: torch.Tensor) -> int:
+    """The current stream of t's device (the capture stream inside torch.cuda.graph).
+    pagedmha's functions export the tensors through DLPack with no stream handshake."""
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+@torch.library.custom_op("pagedmha::append_kv", mutates_args=("k_cache", "v_cache"))
+def append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              out_cache_loc: torch.Tensor, page_size: int, k_scale: float = 1.0,
+              v_scale: float = 1.0) -> None:
+    """k_cache[out_cache_loc[t]] = k[t], v_cache[out_cache_loc[t]] = v[t] (see pagedmha.append_kv)."""
+    _pm.append_kv(k, v, k_cache, v_cache, out_cache_loc, page_size,
+                  k_scale, v_scale, stream=_stream(k_cache))
+
+
+@torch.library.custom_op("pagedmha::batch_decode", mutates_args=("out", "lse", "workspace"))
+def batch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
+                 q_len_per_req: int, out: torch.Tensor, bmm1_scale: float = 1.0,
+                 bmm2_scale: float = 1.0, window_left: int = -1, logits_soft_cap: float = 0.0,
+                 sinks: Optional[torch.Tensor] = None, num_splits: int = 0,
+                 lse: Optional[torch.Tensor] = None,
+                 workspace: Optional[torch.Tensor] = None) -> None:
+    """Decode / verify attention into out (and lse) (see pagedmha.batch_decode).
+
+    workspace: uint8, at least pagedmha.decode_workspace_size(q.device, ...) bytes (None on
+    the CPU); scratch the kernel writes (hence listed as mutated), shareable by all layers.
+    """
+    _pm.batch_decode(q, k_cache, v_cache, page_table, seq_lens,
+                     page_size, q_len_per_req, out, bmm1_scale=bmm1_scale,
+                     bmm2_scale=bmm2_scale, window_left=window_left,
+                     logits_soft_cap=logits_soft_cap, sinks=sinks, num_splits=num_splits,
+                     lse=lse, workspace=workspace, stream=_stream(q))
+
+
+@torch.library.custom_op("pagedmha::batch_prefill", mutates_args=("out", "lse"))
+def batch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  page_table: torch.Tensor, seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                  page_size: int, max_q_len: int, out: torch.Tensor, bmm1_scale: float = 1.0,
+                  bmm2_scale: float = 1.0, window_left: int = -1, logits_soft_cap: float = 0.0,
+                  sinks: Optional[torch.Tensor] = None, causal: bool = True,
+                  lse: Optional[torch.Tensor] = None) -> None:
+    """Prefill / extend attention into out (and lse) (see pagedmha.batch_prefill)."""
+    _pm.batch_prefill(q, k_cache, v_cache, page_table, seq_lens,
+                      cu_seqlens_q, page_size, max_q_len, out, bmm1_scale=bmm1_scale,
+                      bmm2_scale=bmm2_scale, window_left=window_left,
+                      logits_soft_cap=logits_soft_cap, sinks=sinks, causal=causal,
+                      lse=lse, stream=_stream(q))
+
+
+@torch.library.custom_op("pagedmha::gather_page_table_with_padding", mutates_args=("out",))
+def gather_page_table_with_padding(req_to_page: torch.Tensor, req_pool_indices: torch.Tensor,
+                                   seq_lens: torch.Tensor, out: torch.Tensor, bs: int, cols: int,
+                                   page_size: int) -> None:
+    """out[r, c] = req_to_page[req_pool_indices[r], c] or 0 past the live pages (see pagedmha)."""
+    _pm.gather_page_table_with_padding(req_to_page, req_pool_indices, seq_lens,
+                                       out, bs, cols, page_size, stream=_stream(out))
+
+
+@torch.library.custom_op("pagedmha::cumsum_lengths", mutates_args=("out",))
+def cumsum_lengths(lengths: torch.Tensor, out: torch.Tensor) -> None:
+    """out = [0, cumsum(lengths)] (int32; see pagedmha.cumsum_lengths)."""
+    _pm.cumsum_lengths(lengths, out, stream=_stream(out))
+
+
+@torch.library.custom_op("pagedmha::clamp_seq_lens", mutates_args=("out",))
+def clamp_seq_lens(seq_lens: torch.Tensor, min_len: int, out: torch.Tensor) -> None:
+    """out = max(seq_lens, min_len) (int32; see pagedmha.clamp_seq_lens)."""
+    _pm.clamp_seq_lens(seq_lens, min_len, out, stream=_stream(out))
+
+
+@torch.library.custom_op("pagedmha::decode_write_slots", mutates_args=("out",))
+def decode_write_slots(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
+                       q_len_per_req: int, out: torch.Tensor) -> None:
+    """Cache slots of a decode / verify step's new tokens (see pagedmha.decode_write_slots)."""
+    _pm.decode_write_slots(page_table, seq_lens, page_size, q_len_per_req, out,
+                           stream=_stream(out))
+
+
+@torch.library.custom_op("pagedmha::extend_write_slots", mutates_args=("out",))
+def extend_write_slots(page_table: torch.Tensor, prefix_lens: torch.Tensor,
+                       cu_seqlens_q: torch.Tensor, page_size: int, out: torch.Tensor) -> None:
+    """Cache slots of an extend step's new tokens (see pagedmha.extend_write_slots)."""
+    _pm.extend_write_slots(page_table, prefix_lens, cu_seqlens_q, page_size,
+                           out, stream=_stream(out))
+
+
+# Fake implementations: the ops only write into their (already shaped) outputs, so tracing
+# needs no output metadata; they check what a fake tensor can show - dtypes and shapes -
+# so a bad call fails at trace time instead of inside a compiled graph.
+
+
+def _expect(cond: bool, op: str, arg: str, expected: str, got) -> None:
+    if not cond:
+        raise _pm.Error(f"{op}: {arg}: expected {expected}, got {got}")
+
+
+def _fake_attention(op, q, out, lse):
+    _expect(out.shape == q.shape, op, "out", f"shape {list(q.shape)} (q's)", list(out.shape))
+    if lse is not None:
+        want = list(q.shape[:2])
+        _expect(list(lse.shape) == want and lse.dtype == torch.float32, op, "lse",
+                f"fp32 {want}", f"{lse.dtype} {list(lse.shape)}")
+
+
+@append_kv.register_fake
+def _(k, v, k_cache, v_cache, out_cache_loc, page_size, k_scale=1.0, v_scale=1.0):
+    _expect(out_cache_loc.dtype == torch.int32, "append_kv", "out_cache_loc", "dtype int32",
+            out_cache_loc.dtype)
+
+
+@batch_decode.register_fake
+def _(q, k_cache, v_cache, page_table, seq_lens, page_size, q_len_per_req, out, bmm1_scale=1.0,
+      bmm2_scale=1.0, window_left=-1, logits_soft_cap=0.0, sinks=None, num_splits=0, lse=None,
+      workspace=None):
+    _fake_attention("batch_decode", q, out, lse)
+
+
+@batch_prefill.register_fake
+def _(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, page_size, max_q_len, out,
+      bmm1_scale=1.0, bmm2_scale=1.0, window_left=-1, logits_soft_cap=0.0, sinks=None,
+      causal=True, lse=None):
+    _fake_attention("batch_prefill", q, out, lse)
+
+
+@gather_page_table_with_padding.register_fake
+def _(req_to_page, req_pool_indices, seq_lens, out, bs, cols, page_size):
+    _expect(out.dtype == torch.int32, "gather_page_table_with_padding", "out", "dtype int32",
+            out.dtype)
+
+
+@cumsum_lengths.register_fake
+def _(lengths, out):
+    _expect(out.shape[0] == lengths.shape[0] + 1, "cumsum_lengths", "out",
+            f"shape [{lengths.shape[0] + 1}]", list(out.shape))
+
+
+@clamp_seq_lens.register_fake
+def _(seq_lens, min_len, out):
+    _expect(out.shape == seq_lens.shape, "clamp_seq_lens", "out",
+            f"shape {list(seq_lens.shape)}", list(out.shape))
+
+
+@decode_write_slots.register_fake
+def _(page_table, seq_lens, page_size, q_len_per_req, out):
+    _expect(out.dtype == torch.int32, "decode_write_slots", "out", "dtype int32", out.dtype)
+
+
+@extend_write_slots.register_fake
+def _(page_table, prefix_lens, cu_seqlens_q, page_size, out):
+    _expect(out.dtype == torch.int32, "extend_write_slots", "out", "dtype int32", out.dtype)

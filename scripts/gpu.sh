@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# One command for the GPU machine (no internet, no package registry): configure the
+# `cuda` preset with the carried dependencies (.deps/), build, run the GPU tests, the
+# compute-sanitizer subset and the attention benchmark; print a short summary last.
+# Every stage runs even when an earlier one failed; the exit status is non-zero when
+# any stage failed.
+#
+#   scripts/gpu.sh [--cpu] [--no-bench] [--no-sanitizer]
+#     --cpu           also run the CPU suites (ctest -L cpu)
+#   Environment: OUT (log folder; default build/gpu-out), JOBS (build jobs; default
+#   nproc), CTEST_JOBS (parallel test programs; default 4), BENCH_ARGS.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+run_cpu=0 run_bench=1 run_sanitizer=1
+for arg in "$@"; do
+  case $arg in
+    --cpu) run_cpu=1 ;;
+    --no-bench) run_bench=0 ;;
+    --no-sanitizer) run_sanitizer=0 ;;
+    *) echo "gpu.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+
+out=${OUT:-$root/build/gpu-out}
+mkdir -p "$out"
+build=$root/build/cuda
+jobs=${JOBS:-$(nproc)}
+ctest_jobs=${CTEST_JOBS:-4}
+# Each test program's CPU reference is OpenMP: share the cores among parallel programs.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ctest_jobs > 0 ? $(nproc) / ctest_jobs : 1 ))}
+export PATH=$PATH:/usr/local/cuda/bin
+failed=0
+summary=()  # "stage|result|detail"
+
+log() { echo "== gpu.sh: $*" >&2; }
+note() { summary+=("$1|$2|$3"); [ "$2" = ok ] || [ "$2" = skipped ] || failed=1; }
+seconds_since() { echo $(( $(date +%s) - $1 )); }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1 || true
+
+# --- configure + build ----------------------------------------------------------
+deps=()
+[ -d "$root/.deps" ] && deps=(-DPAGEDMHA_DEPS_DIR="$root/.deps")
+t0=$(date +%s)
+log "configure ($build)"
+if cmake --preset cuda "${deps[@]}" -DPAGEDMHA_BUILD_BENCH=OFF >"$out/configure.log" 2>&1; then
+  log "build (-j$jobs)"
+  if cmake --build "$build" -j "$jobs" -- -k 0 >"$out/build.log" 2>&1; then
+    note build ok "$(seconds_since "$t0") s"
+  else
+    note build FAILED "$(seconds_since "$t0") s, see build.log: $(grep -m1 -E 'error' "$out/build.log" | cut -c1-100)"
+  fi
+else
+  note configure FAILED "see configure.log"
+fi
+
+# --- ctest ------------------------------------------------------------------------
+# Runs one label; records passed/failed per GoogleTest suite from the JUnit report.
+run_ctest() {
+  local label=$1 t
+  t=$(date +%s)
+  log "ctest -L $label"
+  ctest --test-dir "$build" -L "$label" -j "$ctest_jobs" --timeout 900 --output-on-failure \
+    --output-junit "$out/ctest-$label.xml" >"$out/ctest-$label.log" 2>&1
+  local rc=$?
+  local table
+  table=$(python3 - "$out/ctest-$label.xml" <<'EOF'
+import collections, sys, xml.etree.ElementTree as ET
+try:
+    cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
+except Exception:
+    sys.exit(0)
+count = collections.OrderedDict()
+for c in cases:
+    suite = c.get("name", "?").split(".")[0]
+    passed = c.get("status") == "run" and c.find("failure") is None
+    p, f = count.get(suite, (0, 0))
+    count[suite] = (p + passed, f + (not passed))
+for suite, (p, f) in count.items():
+    print(f"{suite}|{p}|{f}")
+EOF
+)
+  local total_p=0 total_f=0
+  while IFS='|' read -r suite p f; do
+    [ -n "$suite" ] || continue
+    total_p=$((total_p + p)); total_f=$((total_f + f))
+    if [ "$f" -eq 0 ]; then note "  $label/$suite" ok "$p passed"; else note "  $label/$suite" FAILED "$p passed, $f failed"; fi
+  done <<<"$table"
+  if [ $rc -eq 0 ] && [ $((total_p + total_f)) -gt 0 ]; then
+    note "ctest -L $label" ok "$total_p passed in $(seconds_since "$t") s"
+  else
+    note "ctest -L $label" FAILED "$total_p passed, $total_f failed (rc $rc) in $(seconds_since "$t") s, see ctest-$label.log"
+  fi
+}
+if [ -d "$build" ]; then
+  run_ctest gpu
+  [ $run_cpu -eq 1 ] && run_ctest cpu
+fi
+
+# --- compute-sanitizer ------------------------------------------------------------
+# The tiny suite tests/gpu/sanitizer (small shapes of every kernel) under each tool.
+if [ $run_sanitizer -eq 1 ]; then
+  san_bin=$build/tests/test_gpu_sanitizer
+  if ! command -v compute-sanitizer >/dev/null; then
+    note sanitizer FAILED "compute-sanitizer not found"
+  elif [ ! -x "$san_bin" ]; then
+    note sanitizer FAILED "$san_bin not built"
+  else
+    for tool in memcheck racecheck synccheck; do
+      t=$(date +%s)
+      log "compute-sanitizer --tool $tool"
+      extra=()
+      [ $tool = memcheck ] && extra=(--leak-check full)
+      compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 99 "$san_bin" >"$out/sanitizer-$tool.log" 2>&1
+      rc=$?
+      errors=$(grep -oE '(ERROR|RACECHECK) SUMMARY: [0-9]+' "$out/sanitizer-$tool.log" | grep -oE '[0-9]+$' | tail -1)
+      if [ $rc -eq 0 ]; then
+        note "sanitizer $tool" ok "${errors:-0} errors, $(seconds_since "$t") s"
+      else
+        note "sanitizer $tool" FAILED "${errors:-?} errors (rc $rc), see sanitizer-$tool.log"
+      fi
+    done
+  fi
+fi
+
+# --- benchmark --------------------------------------------------------------------
+if [ $run_bench -eq 1 ]; then
+  if [ -f bench/bench_attention.py ]; then
+    t=$(date +%s)
+    log "python3 bench/bench_attention.py ${BENCH_ARGS:-}"
+    # shellcheck disable=SC2086
+    if PYTHONPATH="$root/python:${PYTHONPATH:-}" PAGEDMHA_BUILD_DIR="$build" \
+        python3 bench/bench_attention.py ${BENCH_ARGS:-} >"$out/bench.log" 2>&1; then
+      note bench ok "$(seconds_since "$t") s, see bench.log"
+    else
+      note bench FAILED "see bench.log: $(tail -n1 "$out/bench.log" | cut -c1-100)"
+    fi
+  else
+    note bench skipped "bench/bench_attention.py absent"
+  fi
+fi
+
+# --- summary ----------------------------------------------------------------------
+{
+  echo
+  echo "pagedmha GPU run: $(cat "$out/gpu.txt" 2>/dev/null | head -n1), logs in $out"
+  printf '%-34s %-8s %s\n' STAGE RESULT DETAIL
+  for row in "${summary[@]}"; do
+    IFS='|' read -r stage result detail <<<"$row"
+    printf '%-34s %-8s %s\n' "$stage" "$result" "$detail"
+  done
+  [ $failed -eq 0 ] && echo "ALL OK" || echo "SOME STAGES FAILED"
+} | tee "$out/summary.txt"
+exit $failed

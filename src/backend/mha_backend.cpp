@@ -1,0 +1,494 @@
+// MhaBackend: metadata slots, cache groups, speculative routing and CUDA-graph state
+// over the ops of ops.h (SEMANTICS.md sections 3-6). No kernels live here.
+#include "pagedmha/backend.h"
+
+#include <algorithm>
+#include <climits>
+#include <string>
+
+#include "pagedmha/error.h"
+
+namespace pagedmha {
+
+const char* forward_mode_name(ForwardMode mode) {
+  switch (mode) {
+    case ForwardMode::extend: return "extend";
+    case ForwardMode::decode: return "decode";
+    case ForwardMode::mixed: return "mixed";
+    case ForwardMode::idle: return "idle";
+    case ForwardMode::target_verify: return "target_verify";
+    case ForwardMode::draft_extend: return "draft_extend";
+  }
+  return "unknown";
+}
+
+namespace {
+
+constexpr const char* kOp = "MhaBackend";
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+[[noreturn]] void fail(const std::string& arg, const std::string& expected, const std::string& given) {
+  throw_invalid_argument(kOp, arg, expected, given);
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+TensorView vec(const Buffer& b, int64_t offset, int64_t n) {
+  return TensorView(static_cast<int32_t*>(b.data()) + offset, DType::int32, b.device(), {n});
+}
+
+TensorView mat(const Buffer& b, int64_t rows, int64_t cols) {
+  return TensorView(b.data(), DType::int32, b.device(), {rows, cols});
+}
+
+Buffer zeros(int64_t n_int32, Device dev, Stream s) {
+  Buffer b(static_cast<std::size_t>(std::max<int64_t>(n_int32, 1)) * 4, dev);
+  fill_bytes(b.data(), dev, 0, b.bytes(), s);
+  return b;
+}
+
+Buffer upload(const std::vector<int32_t>& host, Device dev, Stream s) {
+  Buffer b(std::max<std::size_t>(host.size(), 1) * 4, dev);
+  copy_bytes(b.data(), dev, host.data(), Device::cpu(), host.size() * 4, s);
+  return b;
+}
+
+void check_int32_vector(const TensorView& t, const char* arg, Device dev, int64_t min_len) {
+  if (!t.defined()) fail(arg, "an int32 tensor of at least " + str(min_len) + " elements", "undefined");
+  if (t.dtype != DType::int32) fail(arg, "dtype int32", dtype_name(t.dtype));
+  if (t.ndim != 1) fail(arg, "a 1-d tensor", t.shape_str());
+  if (!(t.device == dev)) fail(arg, "device " + dev.str(), t.device.str());
+  if (t.size(0) < min_len) fail(arg, "at least " + str(min_len) + " elements", t.shape_str());
+  if (t.size(0) > 1 && t.stride(0) != 1) fail(arg, "a contiguous tensor", "stride " + str(t.stride(0)));
+}
+
+void check_int32_matrix(const TensorView& t, const std::string& arg, Device dev, int64_t min_rows) {
+  if (!t.defined()) fail(arg, "an int32 [rows, cols] tensor", "undefined");
+  if (t.dtype != DType::int32) fail(arg, "dtype int32", dtype_name(t.dtype));
+  if (t.ndim != 2) fail(arg, "a 2-d tensor", t.shape_str());
+  if (!(t.device == dev)) fail(arg, "device " + dev.str(), t.device.str());
+  if (t.size(0) < min_rows) fail(arg, "at least " + str(min_rows) + " rows", t.shape_str());
+}
+
+// Host int32 values t[0..n) of a CPU tensor (any stride).
+std::vector<int32_t> host_values(const TensorView& t, const char* arg, int64_t n) {
+  if (t.dtype != DType::int32) fail(arg, "dtype int32", dtype_name(t.dtype));
+  if (!t.device.is_cpu()) fail(arg, "a host (cpu) tensor", t.device.str());
+  if (t.ndim != 1 || t.size(0) < n) fail(arg, "shape [>= " + str(n) + "]", t.shape_str());
+  std::vector<int32_t> v(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = t.ptr<const int32_t>()[i * t.stride(0)];
+  return v;
+}
+
+// [T, H * D] or [T, H, D] (last dim contiguous) viewed as [T, H, D].
+TensorView rows3(const TensorView& t, int heads, int head_dim, const char* arg) {
+  if (!t.defined()) fail(arg, "a tensor [T, " + str(int64_t{heads} * head_dim) + "]", "undefined");
+  if (t.ndim == 3) {
+    if (t.size(1) != heads || t.size(2) != head_dim) {
+      fail(arg, "shape [T, " + str(heads) + ", " + str(head_dim) + "]", t.shape_str());
+    }
+    return t;
+  }
+  if (t.ndim != 2 || t.size(1) != int64_t{heads} * head_dim) {
+    fail(arg, "shape [T, " + str(int64_t{heads} * head_dim) + "]", t.shape_str());
+  }
+  if (t.stride(1) != 1 && t.size(1) > 1) fail(arg, "a contiguous last dim", "stride " + str(t.stride(1)));
+  return TensorView(t.data, t.dtype, t.device, {t.size(0), heads, head_dim}, {t.stride(0), head_dim, 1});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+// Construction
+// ---------------------------------------------------------------------------------
+
+MhaBackend::MhaBackend(const BackendConfig& config) : config_(config) {
+  const BackendConfig& c = config_;
+  if (c.page_size < 1) fail("config.page_size", ">= 1", str(c.page_size));
+  if (c.context_len < 1) fail("config.context_len", ">= 1", str(c.context_len));
+  if (c.max_bs < 1) fail("config.max_bs", ">= 1", str(c.max_bs));
+  if (c.spec_num_tokens < 1 || c.spec_num_tokens > 8 || c.spec_num_tokens > c.context_len) {
+    fail("config.spec_num_tokens", "1..8 and <= context_len", str(c.spec_num_tokens));
+  }
+  if (c.kv_cache_dtype != DType::bf16 && c.kv_cache_dtype != DType::fp16 && c.kv_cache_dtype != DType::fp8_e4m3) {
+    fail("config.kv_cache_dtype", "bf16, fp16 or fp8_e4m3", dtype_name(c.kv_cache_dtype));
+  }
+  if (c.out_dtype != DType::bf16 && c.out_dtype != DType::fp16) {
+    fail("config.out_dtype", "bf16 or fp16", dtype_name(c.out_dtype));
+  }
+  const Device dev = c.device;
+  const Stream s = c.stream;
+  const int N = c.spec_num_tokens;
+  max_num_pages_ = static_cast<int>(ceil_div(c.context_len, c.page_size));
+  max_rows_ = int64_t{c.max_bs} * (block_draft() ? N : 1);
+
+  std::vector<int32_t> host(static_cast<std::size_t>(max_rows_ + 1));
+  for (int64_t i = 0; i <= max_rows_; ++i) host[i] = static_cast<int32_t>(i);
+  iota_buf_ = upload(host, dev, s);
+  host.assign(static_cast<std::size_t>(c.max_bs + 1), 0);
+  for (int i = 0; i <= c.max_bs; ++i) host[i] = i * N;
+  iota_step_buf_ = upload(host, dev, s);
+  host.assign(static_cast<std::size_t>(c.max_bs), c.context_len);
+  full_len_buf_ = upload(host, dev, s);
+
+  page_table_buf_ = zeros(max_rows_ * max_num_pages_, dev, s);
+  spec_seqlens_buf_ = zeros(c.max_bs, dev, s);
+  block_seqlens_buf_ = zeros(max_rows_, dev, s);
+  ext_meta_buf_ = zeros(3 * int64_t{c.max_bs} + 2, dev, s);
+  ext_meta_host_.resize(3 * static_cast<std::size_t>(c.max_bs) + 2);
+
+  std::size_t ws = c.workspace_bytes;
+  if (ws == 0 && c.num_q_heads > 0 && c.num_kv_heads > 0 && c.head_dim > 0) {
+    ws = std::max(decode_workspace_size(dev, max_rows_, 1, c.num_q_heads, c.num_kv_heads, c.head_dim),
+                  decode_workspace_size(dev, c.max_bs, N, c.num_q_heads, c.num_kv_heads, c.head_dim));
+  }
+  if (ws > 0) workspace_ = Buffer(ws, dev);
+}
+
+// ---------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------
+
+TensorView MhaBackend::iota(int64_t n) const { return vec(iota_buf_, 0, n); }
+TensorView MhaBackend::iota_step(int64_t n) const { return vec(iota_step_buf_, 0, n); }
+
+void MhaBackend::clamp(const TensorView& in, int lo, int hi, int repeat, const TensorView& out) const {
+  clamp_seq_lens(in, lo, hi, repeat, out, config_.stream);
+}
+
+std::vector<CacheGroupTable> MhaBackend::shed_state_groups(const std::vector<CacheGroupTable>& tables) const {
+  std::vector<CacheGroupTable> kept;
+  for (const CacheGroupTable& t : tables) {
+    const auto& state = config_.state_cache_groups;
+    if (std::find(state.begin(), state.end(), t.group_id) == state.end()) kept.push_back(t);
+  }
+  return kept;
+}
+
+void MhaBackend::check_batch(const ForwardBatch& b, int max_bs) const {
+  if (b.batch_size < 0 || b.batch_size > max_bs) {
+    fail("batch.batch_size", "0.." + str(max_bs) + " (max_bs)", str(b.batch_size));
+  }
+  check_int32_vector(b.seq_lens, "batch.seq_lens", config_.device, b.batch_size);
+}
+
+// page_table rows [0, bs) from req_to_page, zero-padded past ceil(seq_len / P).
+void MhaBackend::gather(const ForwardBatch& b, const TensorView& seq_lens, const TensorView& out) const {
+  check_int32_matrix(b.req_to_page, "batch.req_to_page", config_.device, 1);
+  if (b.req_to_page.size(1) < max_num_pages_) {
+    fail("batch.req_to_page", "at least ceil(context_len / page_size) = " + str(max_num_pages_) + " columns",
+         b.req_to_page.shape_str());
+  }
+  check_int32_vector(b.req_pool_indices, "batch.req_pool_indices", config_.device, b.batch_size);
+  gather_page_table_with_padding(b.req_to_page, b.req_pool_indices, seq_lens, out, b.batch_size,
+                                 max_num_pages_, config_.page_size, config_.stream);
+}
+
+// Block draft: request r's full row copied to rows r * N + j. One strided gather per j;
+// lengths of C copy every column (the kernel reads only ceil(L / P) of them).
+void MhaBackend::gather_block_rows(const ForwardBatch& b, const TensorView& out) const {
+  const int N = config_.spec_num_tokens;
+  const int64_t cols = max_num_pages_;
+  for (int j = 0; j < N; ++j) {
+    TensorView rows(out.ptr<int32_t>() + j * cols, DType::int32, out.device, {b.batch_size, cols},
+                    {N * cols, 1});
+    gather(b, vec(full_len_buf_, 0, b.batch_size), rows);
+  }
+}
+
+MhaBackend::GroupBuffers& MhaBackend::eager_group(const std::string& id) {
+  auto it = eager_groups_.find(id);
+  if (it != eager_groups_.end()) return it->second;
+  GroupBuffers g;
+  g.decode_slots = zeros(config_.max_bs, config_.device, config_.stream);
+  g.verify_slots = zeros(int64_t{config_.max_bs} * config_.spec_num_tokens, config_.device, config_.stream);
+  return eager_groups_.emplace(id, std::move(g)).first->second;
+}
+
+const GroupMetadata& MhaBackend::layer_group(const LayerSpec& layer, const AttentionMetadata& md) const {
+  if (md.groups.size() == 1) return md.groups.front();  // one group serves every layer
+  std::string known;
+  for (const GroupMetadata& g : md.groups) {
+    if (g.group_id == layer.group_id) return g;
+    known += (known.empty() ? "" : ", ") + g.group_id;
+  }
+  fail("layer.group_id", "one of the step's cache groups {" + known + "}", "'" + layer.group_id + "'");
+}
+
+// ---------------------------------------------------------------------------------
+// Eager metadata
+// ---------------------------------------------------------------------------------
+
+void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
+  prefill_slot_ = decode_slot_ = nullptr;
+  eager_prefill_.groups.clear();
+  eager_decode_.groups.clear();
+  if (b.forward_mode == ForwardMode::idle || b.batch_size == 0) return;
+  check_batch(b, config_.max_bs);
+  const Device dev = config_.device;
+  const Stream s = config_.stream;
+  const int bs = b.batch_size;
+  const int P = config_.page_size;
+  const int N = config_.spec_num_tokens;
+  const std::vector<CacheGroupTable> groups = shed_state_groups(b.group_tables);
+  if (!groups.empty() && block_draft()) {
+    fail("batch.group_tables", "none with draft_block_decode (cache groups are not supported there)",
+         str(static_cast<int64_t>(groups.size())) + " groups");
+  }
+  for (const CacheGroupTable& g : groups) check_int32_matrix(g.page_table, "group_tables['" + g.group_id + "']", dev, bs);
+
+  const TensorView seq = b.seq_lens.slice(0, 0, bs);
+  const TensorView table = mat(page_table_buf_, bs, max_num_pages_);
+  bool gathered = false;
+  auto single_table = [&]() {
+    if (!gathered) gather(b, seq, table);
+    gathered = true;
+    return table;
+  };
+  auto group_view = [&](const CacheGroupTable& g) { return g.page_table.slice(0, 0, bs); };
+
+  // One query per row over the caller's seq_lens (aliased, never copied).
+  auto build_decode = [&]() {
+    AttentionMetadata& md = eager_decode_;
+    md.cache_seqlens = seq;
+    md.cu_seqlens_q = iota(bs + 1);
+    md.cu_seqlens_k = {};
+    md.batch = bs;
+    md.max_seq_len_q = 1;
+    md.num_tokens = bs;
+    md.ragged = false;
+    md.groups.clear();
+    if (groups.empty()) {
+      md.page_table = single_table();
+    } else {
+      md.page_table = {};
+      for (const CacheGroupTable& g : groups) {
+        const TensorView slots = vec(eager_group(g.group_id).decode_slots, 0, bs);
+        decode_write_slots(group_view(g), seq, P, 1, slots, s);
+        md.groups.push_back({g.group_id, group_view(g), slots});
+      }
+    }
+    decode_slot_ = &eager_decode_;
+  };
+
+  if (is_extend_or_mixed(b.forward_mode)) {
+    if (!b.extend_seq_lens_cpu.defined()) {
+      fail("batch.extend_seq_lens_cpu", "host int32 [bs] new-token counts for " +
+           std::string(forward_mode_name(b.forward_mode)), "undefined");
+    }
+    // Every row's query length is its own input length (mixed decode rows give 1).
+    const std::vector<int32_t> ext = host_values(b.extend_seq_lens_cpu, "batch.extend_seq_lens_cpu", bs);
+    std::vector<int32_t> prefix(static_cast<std::size_t>(bs), 0);
+    if (b.extend_prefix_lens_cpu.defined()) {
+      prefix = host_values(b.extend_prefix_lens_cpu, "batch.extend_prefix_lens_cpu", bs);
+    } else if (b.seq_lens_cpu.defined()) {
+      const std::vector<int32_t> L = host_values(b.seq_lens_cpu, "batch.seq_lens_cpu", bs);
+      for (int r = 0; r < bs; ++r) prefix[r] = L[r] - ext[r];
+    }
+    int32_t* cu_q = ext_meta_host_.data();
+    int32_t* cu_k = cu_q + bs + 1;
+    int32_t* pre = cu_k + bs + 1;
+    int64_t tq = 0, tk = 0;
+    int max_q = 0;
+    cu_q[0] = cu_k[0] = 0;
+    for (int r = 0; r < bs; ++r) {
+      if (ext[r] < 0) fail("batch.extend_seq_lens_cpu", "non-negative lengths", str(ext[r]) + " at " + str(r));
+      if (prefix[r] < 0) fail("batch.extend_prefix_lens", "non-negative lengths", str(prefix[r]) + " at " + str(r));
+      tq += ext[r];
+      tk += int64_t{prefix[r]} + ext[r];
+      if (tk > INT_MAX) fail("batch.seq_lens", "a total below 2^31", str(tk));
+      cu_q[r + 1] = static_cast<int32_t>(tq);
+      cu_k[r + 1] = static_cast<int32_t>(tk);
+      pre[r] = prefix[r];
+      max_q = std::max(max_q, ext[r]);
+    }
+    copy_bytes(ext_meta_buf_.data(), dev, ext_meta_host_.data(), Device::cpu(), (3 * std::size_t(bs) + 2) * 4, s);
+    const TensorView cu_q_dev = vec(ext_meta_buf_, 0, bs + 1);
+    const TensorView prefix_dev = vec(ext_meta_buf_, 2 * int64_t{bs} + 2, bs);
+
+    AttentionMetadata& md = eager_prefill_;
+    md.cache_seqlens = seq;
+    md.cu_seqlens_q = cu_q_dev;
+    md.cu_seqlens_k = vec(ext_meta_buf_, bs + 1, bs + 1);
+    md.batch = bs;
+    md.max_seq_len_q = max_q;
+    md.num_tokens = tq;
+    md.ragged = true;
+    md.groups.clear();
+    if (groups.empty()) {
+      md.page_table = single_table();
+    } else {
+      md.page_table = {};
+      for (const CacheGroupTable& g : groups) {
+        GroupBuffers& gb = eager_group(g.group_id);
+        if (gb.extend_capacity < tq) {  // eager only: extend steps are never captured
+          gb.extend_capacity = std::max<int64_t>(tq, 2 * gb.extend_capacity);
+          gb.extend_slots = Buffer(static_cast<std::size_t>(gb.extend_capacity) * 4, dev);
+        }
+        const TensorView slots = vec(gb.extend_slots, 0, tq);
+        extend_write_slots(group_view(g), prefix_dev, cu_q_dev, P, slots, s);
+        md.groups.push_back({g.group_id, group_view(g), slots});
+      }
+    }
+    prefill_slot_ = &eager_prefill_;
+    if (config_.is_draft) build_decode();  // the drafter's later single-token steps
+    return;
+  }
+
+  if (block_draft()) {
+    // N rows of one query per request, all of KV length clamp(block_end, N, C).
+    const int64_t rows = int64_t{bs} * N;
+    AttentionMetadata& md = eager_decode_;
+    gather_block_rows(b, mat(page_table_buf_, rows, max_num_pages_));
+    md.cache_seqlens = vec(block_seqlens_buf_, 0, rows);
+    clamp(seq, N, config_.context_len, N, md.cache_seqlens);
+    md.cu_seqlens_q = iota(rows + 1);
+    md.cu_seqlens_k = {};
+    md.page_table = mat(page_table_buf_, rows, max_num_pages_);
+    md.batch = static_cast<int>(rows);
+    md.max_seq_len_q = 1;
+    md.num_tokens = rows;
+    md.ragged = false;
+    decode_slot_ = &eager_decode_;
+    return;
+  }
+
+  if (N == 1 || config_.is_draft) build_decode();
+  if (N > 1) {
+    // Verify: N queries per request over max(seq_len, N) (capped at C), in a backend
+    // buffer: padded rows (seq_len 1) would otherwise leave early queries keyless.
+    AttentionMetadata& md = eager_prefill_;
+    md.cache_seqlens = vec(spec_seqlens_buf_, 0, bs);
+    clamp(seq, N, config_.context_len, 1, md.cache_seqlens);
+    md.cu_seqlens_q = iota_step(bs + 1);
+    md.cu_seqlens_k = {};
+    md.batch = bs;
+    md.max_seq_len_q = N;
+    md.num_tokens = int64_t{bs} * N;
+    md.ragged = false;
+    md.groups.clear();
+    if (groups.empty()) {
+      md.page_table = single_table();
+    } else {
+      md.page_table = {};
+      const int w = verify_writes();
+      for (const CacheGroupTable& g : groups) {
+        const TensorView slots = vec(eager_group(g.group_id).verify_slots, 0, int64_t{bs} * w);
+        decode_write_slots(group_view(g), seq, P, w, slots, s);
+        md.groups.push_back({g.group_id, group_view(g), slots});
+      }
+    }
+    prefill_slot_ = &eager_prefill_;
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------------
+
+const AttentionMetadata* MhaBackend::select_slot(ForwardMode mode) const {
+  if (is_extend_or_mixed(mode)) return prefill_slot_;
+  if (block_draft()) return decode_slot_;
+  if (config_.spec_num_tokens > 1 && !config_.is_draft) return prefill_slot_;
+  return decode_slot_;
+}
+
+TensorView MhaBackend::select_loc(const LayerSpec& layer, const AttentionMetadata* md,
+                                  const TensorView& out_cache_loc) const {
+  if (md == nullptr || md->groups.empty()) return out_cache_loc;
+  if (config_.is_draft && out_cache_loc.defined()) return out_cache_loc;  // draft chains own their slots
+  const GroupMetadata& g = layer_group(layer, *md);
+  return g.out_cache_loc.defined() ? g.out_cache_loc : out_cache_loc;
+}
+
+TensorView MhaBackend::select_out_cache_loc(const LayerSpec& layer, ForwardMode mode,
+                                            const TensorView& out_cache_loc) const {
+  return select_loc(layer, select_slot(mode), out_cache_loc);
+}
+
+TensorView MhaBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const LayerSpec& layer, const KvCacheView& kv,
+                                      const TensorView& out_cache_loc, int bs, const TensorView& out,
+                                      bool save_kv_cache) {
+  (void)bs;
+  return run_attention(q, k, v, layer, kv, out_cache_loc, prefill_slot_ ? *prefill_slot_ : AttentionMetadata{},
+                       out, save_kv_cache, prefill_slot_ ? "forward_extend" : nullptr);
+}
+
+TensorView MhaBackend::forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const LayerSpec& layer, const KvCacheView& kv,
+                                      const TensorView& out_cache_loc, int bs, const TensorView& out,
+                                      bool save_kv_cache) {
+  const AttentionMetadata* md = nullptr;
+  if (block_draft()) {
+    md = decode_slot_;  // bs * N rows of one query each; q rows / bs would read N
+  } else {
+    const int64_t q_len = bs > 0 && q.defined() ? q.size(0) / bs : 1;
+    md = q_len > 1 ? prefill_slot_ : decode_slot_;
+  }
+  return run_attention(q, k, v, layer, kv, out_cache_loc, md ? *md : AttentionMetadata{}, out, save_kv_cache,
+                       md ? "forward_decode" : nullptr);
+}
+
+TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const LayerSpec& layer, const KvCacheView& kv,
+                                     const TensorView& out_cache_loc, const AttentionMetadata& md,
+                                     const TensorView& out, bool save_kv_cache, const char* op) {
+  if (op == nullptr) {
+    fail("metadata", "init_forward_metadata (or a graph replay) for this step's slot first", "no metadata");
+  }
+  const int Hq = layer.num_q_heads, Hkv = layer.num_kv_heads, D = layer.head_dim;
+  if (Hq < 1 || Hkv < 1 || Hq % Hkv != 0) {
+    fail("layer.num_q_heads", "a positive multiple of num_kv_heads " + str(Hkv), str(Hq));
+  }
+  const TensorView q3 = rows3(q, Hq, D, "q");
+  const TensorView out3 = rows3(out, Hq, D, "out");
+  const int64_t T = q3.size(0);
+  if (T != md.num_tokens) {
+    fail("q", str(md.num_tokens) + " rows (this step's " + std::string(md.ragged ? "extend tokens" : "query rows") +
+         ")", q.shape_str());
+  }
+  if (out3.size(0) != T) fail("out", str(T) + " rows", out.shape_str());
+  const TensorView out2 = out3.stride(1) == D
+                              ? TensorView(out.data, out.dtype, out.device, {T, int64_t{Hq} * D}, {out3.stride(0), 1})
+                              : out;
+  const Stream s = config_.stream;
+  const bool fp8 = config_.kv_cache_dtype == DType::fp8_e4m3;
+  const float k_scale = fp8 ? layer.k_scale : 1.0f;
+  const float v_scale = fp8 ? layer.v_scale : 1.0f;
+
+  if (save_kv_cache && k.defined()) {
+    const TensorView loc = select_loc(layer, &md, out_cache_loc);
+    if (!loc.defined()) fail("out_cache_loc", "int32 write slots when saving K/V", "undefined");
+    const TensorView k3 = rows3(k, Hkv, D, "k");
+    const TensorView v3 = rows3(v, Hkv, D, "v");
+    const int64_t n = std::min(k3.size(0), loc.size(0));  // k may carry padded rows
+    append_kv(k3.slice(0, 0, n), v3.slice(0, 0, n), kv.k_cache, kv.v_cache, loc.slice(0, 0, n), config_.page_size,
+              k_scale, v_scale, s);
+  }
+  if (T == 0) return out2;
+
+  const TensorView table = md.groups.empty() ? md.page_table : layer_group(layer, md).page_table;
+  AttentionParams params;
+  params.bmm1_scale = layer.scaling * k_scale;
+  params.bmm2_scale = v_scale;  // upstream leaves this at 1: v_scale never reaches the reads
+  params.window_left = layer.window_left;
+  params.logits_soft_cap = layer.logits_soft_cap;
+  params.sinks = layer.sinks;
+  if (md.ragged) {
+    batch_prefill(q3, kv.k_cache, kv.v_cache, table, md.cache_seqlens, md.cu_seqlens_q, config_.page_size,
+                  md.max_seq_len_q, out3, params, {}, s);
+  } else {
+    const std::size_t need = decode_workspace_size(config_.device, md.batch, md.max_seq_len_q, Hq, Hkv, D);
+    if (need > workspace_.bytes()) {
+      fail("config.workspace_bytes", ">= " + std::to_string(need) + " for this layer's decode",
+           std::to_string(workspace_.bytes()));
+    }
+    batch_decode(q3, kv.k_cache, kv.v_cache, table, md.cache_seqlens, config_.page_size, md.max_seq_len_q, out3,
+                 params, {}, need > 0 ? workspace_.bytes_view() : TensorView{}, s);
+  }
+  return out2;
+}
+
+}  // namespace pagedmha

@@ -1,0 +1,546 @@
+// The validating front end: every op checks its arguments once, resolves a
+// detail::*Problem and hands it to exactly one device implementation.
+#include "pagedmha/ops.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "core/problem.h"
+#include "core/validate.h"
+#include "cpu/cpu_ops.h"
+#include "pagedmha/error.h"
+#if PAGEDMHA_WITH_CUDA
+#include "cuda/cuda_ops.h"
+#endif
+
+namespace pagedmha {
+
+using detail::ArgCheck;
+using detail::str;
+
+namespace {
+
+std::atomic<bool> g_debug_validation{false};
+
+using Named = std::pair<const TensorView*, const char*>;
+
+// Devices are checked first: a tensor on the wrong device must not be dereferenced.
+void same_device(const ArgCheck& chk, Device dev, std::initializer_list<Named> tensors) {
+  for (const auto& [t, name] : tensors) {
+    if (t->defined()) chk.device(*t, name, dev);
+  }
+}
+
+constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+detail::Int32Matrix int32_matrix(const TensorView& t) {
+  return {t.ptr<int32_t>(), t.stride(0), t.size(0), t.size(1)};
+}
+
+// The parts of batch_decode / batch_prefill that do not depend on how queries are
+// grouped into requests. `batch` comes from seq_lens. `extra` is the op's own tensor
+// (workspace or cu_seqlens_q), device-checked with the rest before anything is read.
+detail::AttentionProblem resolve_attention(const ArgCheck& chk, const TensorView& q, const TensorView& k_cache,
+                                           const TensorView& v_cache, const TensorView& page_table,
+                                           const TensorView& seq_lens, int page_size, const TensorView& out,
+                                           const AttentionParams& params, const TensorView& lse,
+                                           Named extra) {
+  chk.ndim(q, "q", 3);
+  const Device dev = q.device;
+  chk.device_supported(dev);
+  same_device(chk, dev,
+              {{&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&page_table, "page_table"}, {&seq_lens, "seq_lens"},
+               {&out, "out"}, {&lse, "lse"}, {&params.sinks, "sinks"}, extra});
+
+  chk.dtype_in(q, "q", {DType::bf16, DType::fp16, DType::fp8_e4m3});
+  chk.last_dim_contiguous(q, "q");
+  chk.aligned16(q, "q");
+  if (q.size(0) > kMaxInt) chk.fail("q", "at most 2^31 - 1 rows", q.shape_str());
+
+  detail::AttentionProblem p;
+  p.kv = q.dtype == DType::fp8_e4m3
+             ? detail::resolve_cache(chk, k_cache, v_cache, page_size, dev, {DType::fp8_e4m3})
+             : detail::resolve_cache(chk, k_cache, v_cache, page_size, dev, {q.dtype, DType::fp8_e4m3});
+  const int64_t rows = q.size(0), hq = q.size(1), hkv = p.kv.num_kv_heads, d = p.kv.head_dim;
+  chk.head_dim(q.size(2), "q");
+  if (q.size(2) != d) chk.fail("q", "head dim " + str(d) + " (the cache's)", q.shape_str());
+  if (hq < 1 || hq % hkv != 0) {
+    chk.fail("q", "num_q_heads a multiple of num_kv_heads " + str(hkv), str(hq) + " heads " + q.shape_str());
+  }
+
+  chk.shape(out, "out", {rows, hq, d});
+  if (q.dtype == DType::fp8_e4m3) {
+    chk.dtype_in(out, "out", {DType::bf16, DType::fp16});
+  } else {
+    chk.dtype(out, "out", q.dtype);
+  }
+  chk.last_dim_contiguous(out, "out");
+  chk.aligned16(out, "out");
+  if (lse.defined()) {
+    chk.shape(lse, "lse", {rows, hq});
+    chk.dtype(lse, "lse", DType::fp32);
+    chk.last_dim_contiguous(lse, "lse");
+  }
+  if (params.sinks.defined()) {
+    chk.shape(params.sinks, "sinks", {hq});
+    chk.dtype(params.sinks, "sinks", DType::fp32);
+    chk.last_dim_contiguous(params.sinks, "sinks");
+  }
+  chk.scalar_finite(params.bmm1_scale, "bmm1_scale");
+  chk.scalar_finite(params.bmm2_scale, "bmm2_scale");
+  chk.int_at_least(params.window_left, "window_left", -1);
+  chk.scalar_finite(params.logits_soft_cap, "logits_soft_cap");
+  if (params.logits_soft_cap < 0.0f) chk.fail("logits_soft_cap", ">= 0 (0 disables)", str(params.logits_soft_cap));
+  chk.int_at_least(params.num_splits, "num_splits", 0);
+
+  chk.int32_vector(seq_lens, "seq_lens", dev, -1);
+  const int64_t batch = seq_lens.size(0);
+  chk.int32_matrix(page_table, "page_table", dev);
+  if (page_table.size(0) != batch) {
+    chk.fail("page_table", "shape [" + str(batch) + ", *] (one row per seq_lens entry)", page_table.shape_str());
+  }
+  if (page_table.size(1) > kMaxInt) chk.fail("page_table", "at most 2^31 - 1 columns", page_table.shape_str());
+
+  p.q = q.data;
+  p.q_dtype = q.dtype;
+  p.q_row_stride = q.stride(0);
+  p.q_head_stride = q.stride(1);
+  p.out = out.data;
+  p.out_dtype = out.dtype;
+  p.out_row_stride = out.stride(0);
+  p.out_head_stride = out.stride(1);
+  if (lse.defined()) {
+    p.lse = lse.ptr<float>();
+    p.lse_row_stride = lse.stride(0);
+    p.lse_head_stride = lse.stride(1);
+  }
+  p.page_table = page_table.ptr<const int32_t>();
+  p.page_table_row_stride = page_table.stride(0);
+  p.page_table_cols = static_cast<int>(page_table.size(1));
+  p.seq_lens = seq_lens.ptr<const int32_t>();
+  p.batch = static_cast<int>(batch);
+  p.num_rows = static_cast<int>(rows);
+  p.num_q_heads = static_cast<int>(hq);
+  p.num_kv_heads = static_cast<int>(hkv);
+  p.head_dim = static_cast<int>(d);
+  p.bmm1_scale = params.bmm1_scale;
+  p.bmm2_scale = params.bmm2_scale;
+  p.window_left = params.window_left;
+  p.logits_soft_cap = params.logits_soft_cap;
+  p.sinks = params.sinks.defined() ? params.sinks.ptr<const float>() : nullptr;
+  p.causal = params.causal;
+  p.num_splits = params.num_splits;
+  p.device = dev;
+  return p;
+}
+
+// Host-side value checks of an attention problem whose metadata lives on the CPU.
+void check_attention_values(const ArgCheck& chk, const detail::AttentionProblem& p) {
+  chk.non_negative(p.seq_lens, p.batch, "seq_lens");
+  if (p.cu_seqlens_q) {
+    chk.prefix_sums(p.cu_seqlens_q, p.batch, p.num_rows, "cu_seqlens_q");
+    for (int b = 0; b < p.batch; ++b) {
+      const int n = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+      if (n > p.max_q_len) {
+        chk.fail("max_q_len", ">= every query length (request " + str(b) + " has " + str(n) + ")", str(p.max_q_len));
+      }
+    }
+  }
+  if (p.sinks) {
+    for (int h = 0; h < p.num_q_heads; ++h) {
+      const float s = p.sinks[h];
+      if (std::isnan(s) || s == std::numeric_limits<float>::infinity()) {
+        chk.fail("sinks", "finite values or -inf", str(s) + " at index " + str(h));
+      }
+    }
+  }
+  const int64_t P = p.kv.page_size;
+  for (int b = 0; b < p.batch; ++b) {
+    const int64_t n = p.cu_seqlens_q ? p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] : p.q_len_per_req;
+    const int64_t L = p.seq_lens[b];
+    if (n == 0 || L == 0) continue;  // reads no page
+    const int64_t needed = ceil_div(L, P);
+    if (needed > p.page_table_cols) {
+      chk.fail("page_table", "at least ceil(seq_lens[" + str(b) + "] / page_size) = " + str(needed) + " columns",
+               str(p.page_table_cols) + " columns");
+    }
+    // With a window, pages wholly before the first visible key are never read.
+    const int64_t first_key = p.window_left >= 0 ? std::max<int64_t>(0, L - n - p.window_left) : 0;
+    const int32_t* row = p.page_table + b * p.page_table_row_stride;
+    for (int64_t c = first_key / P; c < needed; ++c) {
+      if (row[c] < 0 || row[c] >= p.kv.num_pages) {
+        chk.fail("page_table", "page ids in [0, " + str(p.kv.num_pages) + ") for the pages read",
+                 str(row[c]) + " at [" + str(b) + ", " + str(c) + "]");
+      }
+    }
+  }
+}
+
+void run_attention(const ArgCheck& chk, detail::AttentionProblem& p, bool decode) {
+  if (p.device.is_cpu()) {
+    check_attention_values(chk, p);
+    cpu::attention(p);
+    return;
+  }
+#if PAGEDMHA_WITH_CUDA
+  if (debug_validation()) cuda::validate_page_ids(p);
+  if (decode) {
+    cuda::batch_decode(p);
+  } else {
+    cuda::batch_prefill(p);
+  }
+#else
+  (void)decode;
+#endif
+}
+
+}  // namespace
+
+void set_debug_validation(bool enabled) { g_debug_validation.store(enabled, std::memory_order_relaxed); }
+bool debug_validation() { return g_debug_validation.load(std::memory_order_relaxed); }
+
+void append_kv(const TensorView& k, const TensorView& v, const TensorView& k_cache, const TensorView& v_cache,
+               const TensorView& out_cache_loc, int page_size, float k_scale, float v_scale, Stream stream) {
+  const ArgCheck chk("append_kv");
+  chk.ndim(k, "k", 3);
+  const Device dev = k.device;
+  chk.device_supported(dev);
+  same_device(chk, dev, {{&v, "v"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&out_cache_loc, "out_cache_loc"}});
+  chk.dtype_in(k, "k", {DType::bf16, DType::fp16});
+  chk.shape(v, "v", {k.size(0), k.size(1), k.size(2)});
+  chk.dtype(v, "v", k.dtype);
+  chk.last_dim_contiguous(k, "k");
+  chk.last_dim_contiguous(v, "v");
+  chk.aligned16(k, "k");
+  chk.aligned16(v, "v");
+  detail::AppendKvProblem p;
+  p.kv = detail::resolve_cache(chk, k_cache, v_cache, page_size, dev, {k.dtype, DType::fp8_e4m3});
+  if (k.size(1) != p.kv.num_kv_heads || k.size(2) != p.kv.head_dim) {
+    chk.fail("k", "shape [*, " + str(p.kv.num_kv_heads) + ", " + str(p.kv.head_dim) + "] (the cache's heads)",
+             k.shape_str());
+  }
+  chk.int32_vector(out_cache_loc, "out_cache_loc", dev, k.size(0));
+  for (const auto& [s, name] : {std::pair{k_scale, "k_scale"}, std::pair{v_scale, "v_scale"}}) {
+    if (!std::isfinite(s) || s <= 0.0f) chk.fail(name, "a finite value > 0", str(s));
+  }
+
+  p.k = k.data;
+  p.v = v.data;
+  p.src_dtype = k.dtype;
+  p.k_row_stride = k.stride(0);
+  p.k_head_stride = k.stride(1);
+  p.v_row_stride = v.stride(0);
+  p.v_head_stride = v.stride(1);
+  p.out_cache_loc = out_cache_loc.ptr<const int32_t>();
+  p.num_tokens = k.size(0);
+  p.k_scale = k_scale;
+  p.v_scale = v_scale;
+  p.device = dev;
+  p.stream = stream.handle;
+  if (p.num_tokens == 0) return;
+
+  if (dev.is_cpu()) {
+    const int64_t num_slots = p.kv.num_pages * page_size;
+    for (int64_t t = 0; t < p.num_tokens; ++t) {
+      const int32_t s = p.out_cache_loc[t];
+      if (s < 0 || s >= num_slots) {
+        chk.fail("out_cache_loc", "slots in [0, " + str(num_slots) + ")", str(s) + " at index " + str(t));
+      }
+    }
+    cpu::append_kv(p);
+    return;
+  }
+#if PAGEDMHA_WITH_CUDA
+  if (debug_validation()) cuda::validate_slots(p);
+  cuda::append_kv(p);
+#endif
+}
+
+void batch_decode(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                  const TensorView& page_table, const TensorView& seq_lens, int page_size, int q_len_per_req,
+                  const TensorView& out, const AttentionParams& params, const TensorView& lse,
+                  const TensorView& workspace, Stream stream) {
+  const ArgCheck chk("batch_decode");
+  detail::AttentionProblem p = resolve_attention(chk, q, k_cache, v_cache, page_table, seq_lens, page_size, out,
+                                                 params, lse, {&workspace, "workspace"});
+  chk.int_at_least(q_len_per_req, "q_len_per_req", 1);
+  if (p.num_rows != static_cast<int64_t>(p.batch) * q_len_per_req) {
+    chk.fail("q", str(p.batch) + " requests (seq_lens) x q_len_per_req " + str(q_len_per_req) + " = " +
+                      str(static_cast<int64_t>(p.batch) * q_len_per_req) + " rows",
+             q.shape_str());
+  }
+  p.q_len_per_req = q_len_per_req;
+  p.max_q_len = q_len_per_req;
+  p.causal = true;  // params.causal is a batch_prefill option
+  p.stream = stream.handle;
+  if (workspace.defined()) {
+    chk.ndim(workspace, "workspace", 1);
+    chk.dtype(workspace, "workspace", DType::uint8);
+    chk.last_dim_contiguous(workspace, "workspace");
+    p.workspace = workspace.data;
+    p.workspace_bytes = static_cast<std::size_t>(workspace.size(0));
+  }
+  const std::size_t need = decode_workspace_size(p.device, p.batch, q_len_per_req, p.num_q_heads, p.num_kv_heads,
+                                                 p.head_dim);
+  if (p.workspace_bytes < need) {
+    chk.fail("workspace", "at least " + std::to_string(need) + " bytes (decode_workspace_size)",
+             std::to_string(p.workspace_bytes) + " bytes");
+  }
+  if (p.batch == 0) return;
+  run_attention(chk, p, /*decode=*/true);
+}
+
+std::size_t decode_workspace_size(Device device, int64_t batch, int q_len_per_req, int num_q_heads,
+                                  int num_kv_heads, int head_dim) {
+  const ArgCheck chk("decode_workspace_size");
+  chk.device_supported(device);
+  chk.int_at_least(batch, "batch", 0);
+  chk.int_at_least(q_len_per_req, "q_len_per_req", 1);
+  chk.int_at_least(num_kv_heads, "num_kv_heads", 1);
+  if (num_q_heads < 1 || num_q_heads % num_kv_heads != 0) {
+    chk.fail("num_q_heads", "a positive multiple of num_kv_heads " + str(num_kv_heads), str(num_q_heads));
+  }
+  chk.head_dim(head_dim, "head_dim");
+  if (device.is_cpu()) return 0;
+#if PAGEDMHA_WITH_CUDA
+  return cuda::decode_workspace_size(device.index, batch, q_len_per_req, num_q_heads, num_kv_heads, head_dim);
+#else
+  return 0;
+#endif
+}
+
+void batch_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                   const TensorView& page_table, const TensorView& seq_lens, const TensorView& cu_seqlens_q,
+                   int page_size, int max_q_len, const TensorView& out, const AttentionParams& params,
+                   const TensorView& lse, Stream stream) {
+  const ArgCheck chk("batch_prefill");
+  detail::AttentionProblem p = resolve_attention(chk, q, k_cache, v_cache, page_table, seq_lens, page_size, out,
+                                                 params, lse, {&cu_seqlens_q, "cu_seqlens_q"});
+  chk.int32_vector(cu_seqlens_q, "cu_seqlens_q", p.device, static_cast<int64_t>(p.batch) + 1);
+  chk.int_at_least(max_q_len, "max_q_len", p.num_rows > 0 ? 1 : 0);
+  p.cu_seqlens_q = cu_seqlens_q.ptr<const int32_t>();
+  p.max_q_len = max_q_len;
+  p.stream = stream.handle;
+  if (p.batch == 0 || p.num_rows == 0) {
+    if (p.device.is_cpu()) check_attention_values(chk, p);
+    return;
+  }
+  run_attention(chk, p, /*decode=*/false);
+}
+
+void gather_page_table_with_padding(const TensorView& req_to_page, const TensorView& req_pool_indices,
+                                    const TensorView& seq_lens, const TensorView& out, int bs, int cols,
+                                    int page_size, Stream stream) {
+  const ArgCheck chk("gather_page_table_with_padding");
+  chk.int32_matrix(req_to_page, "req_to_page", req_to_page.device);
+  const Device dev = req_to_page.device;
+  chk.device_supported(dev);
+  chk.int32_vector(req_pool_indices, "req_pool_indices", dev, -1);
+  chk.int32_vector(seq_lens, "seq_lens", dev, -1);
+  chk.int32_matrix(out, "out", dev);
+  chk.int_at_least(page_size, "page_size", 1);
+  chk.int_at_least(bs, "bs", 0);
+  chk.int_at_least(cols, "cols", 0);
+  if (cols > req_to_page.size(1)) {
+    chk.fail("cols", "<= " + str(req_to_page.size(1)) + " (req_to_page capacity, max_pages)", str(cols));
+  }
+  chk.size_at_least(req_pool_indices, "req_pool_indices", 0, bs);
+  chk.size_at_least(seq_lens, "seq_lens", 0, bs);
+  chk.size_at_least(out, "out", 0, bs);
+  chk.size_at_least(out, "out", 1, cols);
+
+  detail::GatherPageTableProblem p;
+  p.req_to_page = int32_matrix(req_to_page);
+  p.req_pool_indices = req_pool_indices.ptr<const int32_t>();
+  p.seq_lens = seq_lens.ptr<const int32_t>();
+  p.out = int32_matrix(out);
+  p.bs = bs;
+  p.cols = cols;
+  p.page_size = page_size;
+  p.device = dev;
+  p.stream = stream.handle;
+  if (bs == 0 || cols == 0) return;
+
+  if (dev.is_cpu()) {
+    chk.non_negative(p.seq_lens, bs, "seq_lens");
+    for (int r = 0; r < bs; ++r) {
+      const int32_t idx = p.req_pool_indices[r];
+      if (idx < 0 || idx >= p.req_to_page.rows) {
+        chk.fail("req_pool_indices", "rows of req_to_page in [0, " + str(p.req_to_page.rows) + ")",
+                 str(idx) + " at index " + str(r));
+      }
+      if (ceil_div(p.seq_lens[r], page_size) > cols) {
+        chk.fail("seq_lens", "ceil(seq_lens[r] / page_size) <= cols " + str(cols),
+                 str(p.seq_lens[r]) + " at index " + str(r));
+      }
+    }
+    cpu::gather_page_table(p);
+    return;
+  }
+#if PAGEDMHA_WITH_CUDA
+  cuda::gather_page_table(p);
+#endif
+}
+
+namespace {
+
+void run_metadata(const detail::MetadataProblem& p) {
+  if (p.device.is_cpu()) {
+    cpu::metadata(p);
+    return;
+  }
+#if PAGEDMHA_WITH_CUDA
+  cuda::metadata(p);
+#endif
+}
+
+// Positions [pos_begin, pos_end] of request r must lie inside the page table and map
+// to int32 slots: every page column they touch holds an id with id * P + P - 1 < 2^31.
+void check_positions(const ArgCheck& chk, const detail::MetadataProblem& p, int64_t r, int64_t pos_begin,
+                     int64_t pos_end, const char* arg) {
+  const int64_t P = p.page_size;
+  if (pos_end / P >= p.page_table.cols) {
+    chk.fail(arg, "positions inside the page table (" + str(p.page_table.cols) + " columns of " + str(P) + " tokens)",
+             "position " + str(pos_end) + " for request " + str(r));
+  }
+  for (int64_t c = pos_begin / P; c <= pos_end / P; ++c) {
+    const int64_t page = p.page_table.data[r * p.page_table.row_stride + c];
+    if (page < 0 || page * P + P - 1 > kMaxInt) {
+      chk.fail("page_table", "page ids giving int32 slots in [0, 2^31)",
+               str(page) + " at [" + str(r) + ", " + str(c) + "]");
+    }
+  }
+}
+
+}  // namespace
+
+void cumsum_lengths(const TensorView& lengths, const TensorView& out, Stream stream) {
+  const ArgCheck chk("cumsum_lengths");
+  chk.int32_vector(lengths, "lengths", lengths.device, -1);
+  chk.device_supported(lengths.device);
+  chk.int32_vector(out, "out", lengths.device, lengths.size(0) + 1);
+  detail::MetadataProblem p;
+  p.op = detail::MetadataOp::cumsum_lengths;
+  p.in = lengths.ptr<const int32_t>();
+  p.out = out.ptr<int32_t>();
+  p.n = lengths.size(0);
+  p.device = lengths.device;
+  p.stream = stream.handle;
+  if (p.device.is_cpu()) {
+    chk.non_negative(p.in, p.n, "lengths");
+    int64_t total = 0;
+    for (int64_t i = 0; i < p.n; ++i) total += p.in[i];
+    if (total > kMaxInt) chk.fail("lengths", "a total below 2^31", str(total));
+  }
+  run_metadata(p);
+}
+
+void clamp_seq_lens(const TensorView& seq_lens, int min_len, const TensorView& out, Stream stream) {
+  clamp_seq_lens(seq_lens, min_len, std::numeric_limits<int32_t>::max(), 1, out, stream);
+}
+
+void clamp_seq_lens(const TensorView& seq_lens, int min_len, int max_len, int repeat, const TensorView& out,
+                    Stream stream) {
+  const ArgCheck chk("clamp_seq_lens");
+  chk.int32_vector(seq_lens, "seq_lens", seq_lens.device, -1);
+  chk.device_supported(seq_lens.device);
+  chk.int_at_least(min_len, "min_len", 0);
+  chk.int_at_least(max_len, "max_len", min_len);
+  chk.int_at_least(repeat, "repeat", 1);
+  chk.int32_vector(out, "out", seq_lens.device, seq_lens.size(0) * repeat);
+  detail::MetadataProblem p;
+  p.op = detail::MetadataOp::clamp_seq_lens;
+  p.in = seq_lens.ptr<const int32_t>();
+  p.out = out.ptr<int32_t>();
+  p.n = seq_lens.size(0);
+  p.value = min_len;
+  p.max_value = max_len;
+  p.repeat = repeat;
+  p.device = seq_lens.device;
+  p.stream = stream.handle;
+  if (p.n == 0) return;
+  if (p.device.is_cpu()) chk.non_negative(p.in, p.n, "seq_lens");
+  run_metadata(p);
+}
+
+void decode_write_slots(const TensorView& page_table, const TensorView& seq_lens, int page_size, int q_len_per_req,
+                        const TensorView& out, Stream stream) {
+  const ArgCheck chk("decode_write_slots");
+  chk.int32_vector(seq_lens, "seq_lens", seq_lens.device, -1);
+  const Device dev = seq_lens.device;
+  chk.device_supported(dev);
+  const int64_t bs = seq_lens.size(0);
+  chk.int32_matrix(page_table, "page_table", dev);
+  if (page_table.size(0) != bs) {
+    chk.fail("page_table", "shape [" + str(bs) + ", *] (one row per seq_lens entry)", page_table.shape_str());
+  }
+  chk.int_at_least(page_size, "page_size", 1);
+  chk.int_at_least(q_len_per_req, "q_len_per_req", 1);
+  chk.int32_vector(out, "out", dev, bs * q_len_per_req);
+  detail::MetadataProblem p;
+  p.op = detail::MetadataOp::decode_write_slots;
+  p.page_table = int32_matrix(page_table);
+  p.in = seq_lens.ptr<const int32_t>();
+  p.out = out.ptr<int32_t>();
+  p.n = bs;
+  p.page_size = page_size;
+  p.value = q_len_per_req;
+  p.device = dev;
+  p.stream = stream.handle;
+  if (bs == 0) return;
+  if (dev.is_cpu()) {
+    chk.non_negative(p.in, bs, "seq_lens");
+    for (int64_t r = 0; r < bs; ++r) {
+      const int64_t L = p.in[r];
+      check_positions(chk, p, r, std::max<int64_t>(L - q_len_per_req, 0), std::max<int64_t>(L - 1, 0), "seq_lens");
+    }
+  }
+  run_metadata(p);
+}
+
+void extend_write_slots(const TensorView& page_table, const TensorView& prefix_lens, const TensorView& cu_seqlens_q,
+                        int page_size, const TensorView& out, Stream stream) {
+  const ArgCheck chk("extend_write_slots");
+  chk.int32_vector(prefix_lens, "prefix_lens", prefix_lens.device, -1);
+  const Device dev = prefix_lens.device;
+  chk.device_supported(dev);
+  const int64_t bs = prefix_lens.size(0);
+  chk.int32_matrix(page_table, "page_table", dev);
+  if (page_table.size(0) != bs) {
+    chk.fail("page_table", "shape [" + str(bs) + ", *] (one row per prefix_lens entry)", page_table.shape_str());
+  }
+  chk.int32_vector(cu_seqlens_q, "cu_seqlens_q", dev, bs + 1);
+  chk.int32_vector(out, "out", dev, -1);
+  chk.int_at_least(page_size, "page_size", 1);
+  detail::MetadataProblem p;
+  p.op = detail::MetadataOp::extend_write_slots;
+  p.page_table = int32_matrix(page_table);
+  p.in = prefix_lens.ptr<const int32_t>();
+  p.cu_seqlens_q = cu_seqlens_q.ptr<const int32_t>();
+  p.out = out.ptr<int32_t>();
+  p.n = bs;
+  p.page_size = page_size;
+  p.device = dev;
+  p.stream = stream.handle;
+  if (bs == 0) return;
+  if (dev.is_cpu()) {
+    chk.non_negative(p.in, bs, "prefix_lens");
+    const int64_t total = p.cu_seqlens_q[bs];
+    if (total > out.size(0)) chk.fail("out", "at least cu_seqlens_q[bs] = " + str(total) + " slots", out.shape_str());
+    chk.prefix_sums(p.cu_seqlens_q, bs, total, "cu_seqlens_q");
+    for (int64_t r = 0; r < bs; ++r) {
+      const int64_t n = p.cu_seqlens_q[r + 1] - p.cu_seqlens_q[r];
+      if (n > 0) check_positions(chk, p, r, p.in[r], int64_t{p.in[r]} + n - 1, "prefix_lens");
+    }
+  }
+  run_metadata(p);
+}
+
+}  // namespace pagedmha

@@ -1,0 +1,212 @@
+#include "core/validate.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "pagedmha/error.h"
+
+namespace pagedmha::detail {
+
+std::string str(float v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+namespace {
+std::string dtype_list(std::initializer_list<DType> allowed) {
+  std::string s;
+  for (DType d : allowed) s += (s.empty() ? "" : " or ") + std::string(dtype_name(d));
+  return s;
+}
+
+std::string strides_str(const TensorView& t) {
+  std::string s = "[";
+  for (int d = 0; d < t.ndim; ++d) s += (d ? ", " : "") + std::to_string(t.strides[d]);
+  return s + "]";
+}
+}  // namespace
+
+void ArgCheck::fail(const std::string& arg, const std::string& expected, const std::string& given) const {
+  throw_invalid_argument(op_, arg, expected, given);
+}
+
+void ArgCheck::defined(const TensorView& t, const char* arg) const {
+  if (!t.defined()) fail(arg, "a tensor", "an undefined (absent) view");
+}
+
+void ArgCheck::dtype(const TensorView& t, const char* arg, DType want) const {
+  if (t.dtype != want) fail(arg, std::string("dtype ") + dtype_name(want), dtype_name(t.dtype));
+}
+
+void ArgCheck::dtype_in(const TensorView& t, const char* arg, std::initializer_list<DType> allowed) const {
+  for (DType d : allowed) {
+    if (t.dtype == d) return;
+  }
+  fail(arg, "dtype " + dtype_list(allowed), dtype_name(t.dtype));
+}
+
+void ArgCheck::ndim(const TensorView& t, const char* arg, int want) const {
+  defined(t, arg);
+  if (t.ndim != want) fail(arg, std::to_string(want) + " dims", std::to_string(t.ndim) + " dims " + t.shape_str());
+}
+
+void ArgCheck::shape(const TensorView& t, const char* arg, std::initializer_list<int64_t> want) const {
+  defined(t, arg);
+  bool ok = t.ndim == static_cast<int>(want.size());
+  std::string w = "shape [";
+  int d = 0;
+  for (int64_t s : want) {
+    w += (d ? ", " : "") + (s < 0 ? std::string("*") : std::to_string(s));
+    if (ok && s >= 0 && t.shape[d] != s) ok = false;
+    ++d;
+  }
+  if (!ok) fail(arg, w + "]", t.shape_str());
+}
+
+void ArgCheck::size_at_least(const TensorView& t, const char* arg, int dim, int64_t min_size) const {
+  if (t.size(dim) < min_size) {
+    fail(arg, "size(" + std::to_string(dim) + ") >= " + std::to_string(min_size), t.shape_str());
+  }
+}
+
+void ArgCheck::device(const TensorView& t, const char* arg, Device want) const {
+  if (!(t.device == want)) fail(arg, "device " + want.str() + " (all tensors on one device)", t.device.str());
+}
+
+void ArgCheck::last_dim_contiguous(const TensorView& t, const char* arg) const {
+  if (t.ndim >= 1 && t.size(-1) > 1 && t.stride(-1) != 1) {
+    fail(arg, "a contiguous last dim (stride 1)", "strides " + strides_str(t));
+  }
+}
+
+void ArgCheck::aligned16(const TensorView& t, const char* arg) const {
+  if (!t.device.is_cuda() || t.numel() == 0) return;
+  const int64_t es = static_cast<int64_t>(t.element_size());
+  bool ok = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+  for (int d = 0; d + 1 < t.ndim; ++d) {
+    if (t.shape[d] > 1 && (t.strides[d] * es) % 16 != 0) ok = false;
+  }
+  if (!ok) {
+    fail(arg, "a 16-byte aligned pointer and 16-byte multiple strides on CUDA",
+         "strides " + strides_str(t) + " of " + dtype_name(t.dtype));
+  }
+}
+
+void ArgCheck::int32_vector(const TensorView& t, const char* arg, Device dev, int64_t len) const {
+  ndim(t, arg, 1);
+  dtype(t, arg, DType::int32);
+  device(t, arg, dev);
+  if (len >= 0 && t.size(0) != len) fail(arg, "shape [" + std::to_string(len) + "]", t.shape_str());
+  last_dim_contiguous(t, arg);
+}
+
+void ArgCheck::int32_matrix(const TensorView& t, const char* arg, Device dev) const {
+  ndim(t, arg, 2);
+  dtype(t, arg, DType::int32);
+  device(t, arg, dev);
+  last_dim_contiguous(t, arg);
+}
+
+void ArgCheck::scalar_finite(float v, const char* arg) const {
+  if (!std::isfinite(v)) fail(arg, "a finite value", str(v));
+}
+
+void ArgCheck::int_at_least(int64_t v, const char* arg, int64_t min_value) const {
+  if (v < min_value) fail(arg, ">= " + std::to_string(min_value), std::to_string(v));
+}
+
+void ArgCheck::head_dim(int64_t d, const char* arg) const {
+  if (d != 64 && d != 128 && d != 256) fail(arg, "head dim 64, 128 or 256", std::to_string(d));
+}
+
+void ArgCheck::device_supported(Device dev) const {
+#if PAGEDMHA_WITH_CUDA
+  (void)dev;
+#else
+  if (dev.is_cuda()) fail("device", "cpu (this build has no CUDA support)", dev.str());
+#endif
+}
+
+void ArgCheck::non_negative(const int32_t* v, int64_t n, const char* arg) const {
+  for (int64_t i = 0; i < n; ++i) {
+    if (v[i] < 0) fail(arg, "non-negative lengths", std::to_string(v[i]) + " at index " + std::to_string(i));
+  }
+}
+
+void ArgCheck::prefix_sums(const int32_t* cu, int64_t n, int64_t total, const char* arg) const {
+  if (cu[0] != 0) fail(arg, "cu_seqlens_q[0] == 0", std::to_string(cu[0]));
+  for (int64_t i = 0; i < n; ++i) {
+    if (cu[i + 1] < cu[i]) {
+      fail(arg, "non-decreasing prefix sums",
+           std::to_string(cu[i + 1]) + " after " + std::to_string(cu[i]) + " at index " + std::to_string(i + 1));
+    }
+  }
+  if (cu[n] != total) {
+    fail(arg, "last entry == " + std::to_string(total) + " (total query rows)",
+         std::to_string(cu[n]) + " at index " + std::to_string(n));
+  }
+}
+
+KvCacheDesc resolve_cache(const ArgCheck& chk, const TensorView& k_cache, const TensorView& v_cache,
+                          int page_size, Device dev, std::initializer_list<DType> allowed) {
+  chk.defined(k_cache, "k_cache");
+  chk.defined(v_cache, "v_cache");
+  chk.device(k_cache, "k_cache", dev);
+  chk.device(v_cache, "v_cache", dev);
+  chk.int_at_least(page_size, "page_size", 1);
+  if (k_cache.ndim != 3 && k_cache.ndim != 4) {
+    chk.fail("k_cache", "[num_slots, Hkv, D] or [num_pages, page_size, Hkv, D]", k_cache.shape_str());
+  }
+  chk.dtype_in(k_cache, "k_cache", allowed);
+  if (v_cache.dtype != k_cache.dtype) {
+    chk.fail("v_cache", std::string("dtype ") + dtype_name(k_cache.dtype) + " (k_cache's)", dtype_name(v_cache.dtype));
+  }
+  bool same_shape = v_cache.ndim == k_cache.ndim;
+  for (int d = 0; same_shape && d < k_cache.ndim; ++d) same_shape = v_cache.shape[d] == k_cache.shape[d];
+  if (!same_shape) chk.fail("v_cache", "shape " + k_cache.shape_str() + " (k_cache's)", v_cache.shape_str());
+  chk.last_dim_contiguous(k_cache, "k_cache");
+  chk.last_dim_contiguous(v_cache, "v_cache");
+  chk.aligned16(k_cache, "k_cache");
+  chk.aligned16(v_cache, "v_cache");
+
+  KvCacheDesc kv;
+  kv.dtype = k_cache.dtype;
+  kv.page_size = page_size;
+  kv.num_kv_heads = static_cast<int>(k_cache.size(-2));
+  kv.head_dim = static_cast<int>(k_cache.size(-1));
+  chk.head_dim(k_cache.size(-1), "k_cache");
+  if (k_cache.size(-2) < 1) chk.fail("k_cache", "at least one KV head", k_cache.shape_str());
+  auto paged = [&](const TensorView& t) {
+    PagedCache c;
+    c.data = t.data;
+    if (t.ndim == 3) {
+      c.token_stride = t.stride(0);
+      c.page_stride = t.stride(0) * page_size;
+      c.head_stride = t.stride(1);
+    } else {
+      c.page_stride = t.stride(0);
+      c.token_stride = t.stride(1);
+      c.head_stride = t.stride(2);
+    }
+    return c;
+  };
+  if (k_cache.ndim == 3) {
+    if (k_cache.size(0) % page_size != 0) {
+      chk.fail("k_cache", "num_slots a multiple of page_size " + std::to_string(page_size),
+               std::to_string(k_cache.size(0)) + " slots");
+    }
+    kv.num_pages = k_cache.size(0) / page_size;
+  } else {
+    if (k_cache.size(1) != page_size) {
+      chk.fail("k_cache", "size(1) == page_size " + std::to_string(page_size) + " in [num_pages, page_size, Hkv, D]",
+               k_cache.shape_str());
+    }
+    kv.num_pages = k_cache.size(0);
+  }
+  kv.k = paged(k_cache);
+  kv.v = paged(v_cache);
+  return kv;
+}
+
+}  // namespace pagedmha::detail

@@ -1,0 +1,70 @@
+// Reusable argument checks for the validating front end (src/core/ops.cpp). Every
+// failure throws Error("<op>: <arg>: expected <what>, got <value>").
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+
+#include "core/problem.h"
+#include "pagedmha/tensor.h"
+
+namespace pagedmha::detail {
+
+/// Checks bound to one op name, so every message starts with "<op>: ".
+class ArgCheck {
+ public:
+  explicit ArgCheck(const char* op) : op_(op) {}
+  const char* op() const { return op_; }
+
+  [[noreturn]] void fail(const std::string& arg, const std::string& expected,
+                         const std::string& given) const;
+
+  void defined(const TensorView& t, const char* arg) const;
+  void dtype(const TensorView& t, const char* arg, DType want) const;
+  void dtype_in(const TensorView& t, const char* arg, std::initializer_list<DType> allowed) const;
+  void ndim(const TensorView& t, const char* arg, int want) const;
+  /// Exact shape; -1 entries match any size.
+  void shape(const TensorView& t, const char* arg, std::initializer_list<int64_t> want) const;
+  /// t.size(dim) >= min_size.
+  void size_at_least(const TensorView& t, const char* arg, int dim, int64_t min_size) const;
+  void device(const TensorView& t, const char* arg, Device want) const;
+  /// Only the last dim must be contiguous (stride 1, or size <= 1).
+  void last_dim_contiguous(const TensorView& t, const char* arg) const;
+  /// A CUDA tensor's base pointer and non-last strides are 16-byte aligned (vector loads).
+  void aligned16(const TensorView& t, const char* arg) const;
+  /// int32, 1-d, contiguous, on `dev`, exactly `len` elements (len < 0: any length).
+  void int32_vector(const TensorView& t, const char* arg, Device dev, int64_t len) const;
+  /// int32, 2-d, last dim contiguous, on `dev`.
+  void int32_matrix(const TensorView& t, const char* arg, Device dev) const;
+
+  void scalar_finite(float v, const char* arg) const;
+  void int_at_least(int64_t v, const char* arg, int64_t min_value) const;
+  void head_dim(int64_t d, const char* arg) const;
+  /// Rejects CUDA tensors in a build without CUDA support.
+  void device_supported(Device dev) const;
+
+  // Value checks of host (CPU) int32 data.
+  void non_negative(const int32_t* v, int64_t n, const char* arg) const;
+  /// cu[0] == 0, non-decreasing, cu[n] == total.
+  void prefix_sums(const int32_t* cu, int64_t n, int64_t total, const char* arg) const;
+
+ private:
+  const char* op_;
+};
+
+template <class T>
+  requires std::is_integral_v<T>
+std::string str(T v) {
+  return std::to_string(v);
+}
+std::string str(float v);
+
+/// Resolves a paged K/V cache pair: [num_slots, Hkv, D] (num_slots % page_size == 0)
+/// or [num_pages, page_size, Hkv, D]; both of one dtype and shape, last dim contiguous,
+/// on `dev`, head dim supported. `allowed` lists the accepted cache dtypes.
+KvCacheDesc resolve_cache(const ArgCheck& chk, const TensorView& k_cache, const TensorView& v_cache,
+                          int page_size, Device dev, std::initializer_list<DType> allowed);
+
+}  // namespace pagedmha::detail

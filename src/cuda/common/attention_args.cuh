@@ -1,0 +1,69 @@
+// Kernel-side description of one attention call (decode or prefill), built on the host
+// from detail::AttentionProblem, and the per-row view the shared mainloop works with.
+#pragma once
+
+#include <cstdint>
+
+#include "core/problem.h"
+
+namespace pagedmha::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+/// Passed by value to the kernels. Logits are kept in log2 units (scaled by log2(e)) so
+/// the softmax uses exp2.
+struct AttentionArgs {
+  const void* q;
+  int64_t q_row_stride, q_head_stride;
+  void* out;
+  int64_t out_row_stride, out_head_stride;
+  float* lse;  // optional
+  int64_t lse_row_stride, lse_head_stride;
+
+  const void* k;
+  const void* v;
+  int64_t k_page_stride, k_token_stride, k_head_stride;
+  int64_t v_page_stride, v_token_stride, v_head_stride;
+  const int32_t* page_table;
+  int64_t page_table_row_stride;
+  const int32_t* seq_lens;
+  const int32_t* cu_seqlens_q;  // prefill only
+
+  int batch, num_q_heads, num_kv_heads, group;  // group = Hq / Hkv
+  int q_len_per_req;                            // decode only
+  int page_size;
+
+  float logit_scale_log2;  // bmm1_scale * log2(e) (no soft-cap)
+  float cap_inner;         // bmm1_scale / soft_cap (soft-cap on)
+  float cap_log2;          // soft_cap * log2(e); 0: soft-cap off
+  float bmm2_scale;
+  const float* sinks;  // optional [Hq], natural-log units
+  int window_left;     // -1: no window
+  bool causal;
+
+  // Split-KV (decode): grid extent, forced count (0: chosen from L), tile size the
+  // split count is computed in, and the partial results.
+  int max_splits, forced_splits, split_tile;
+  float* ws_o;    // [rows * Hq, max_splits, D]
+  float* ws_lse;  // [rows * Hq, max_splits], log2 units
+};
+
+/// One query row of a CTA's tile: which (token row, head) it is and its visible keys
+/// [lo, hi). Invalid rows (padding of the tile) load zeros and store nothing.
+struct RowDesc {
+  bool valid;
+  int64_t qrow;
+  int head;
+  int lo, hi;
+};
+
+/// Visible keys of the query at position p (= L - n + i) of a request with L keys.
+__device__ __forceinline__ void visible_keys(const AttentionArgs& a, int L, int p, int& lo, int& hi) {
+  hi = a.causal ? min(p + 1, L) : L;
+  lo = a.window_left >= 0 ? max(p - a.window_left, 0) : 0;
+}
+
+AttentionArgs make_attention_args(const detail::AttentionProblem& p);
+
+}  // namespace pagedmha::cuda

@@ -1,0 +1,65 @@
+// Online softmax state of the two rows a thread owns in an m16n8 accumulator (rows g and
+// g + 8 of its warp's 16), in log2 units. Masked logits are -inf; a row that has seen
+// no key keeps m = -inf and uses 0 as its reference so that no -inf - -inf arises.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace pagedmha::cuda {
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));  // ex2(-inf) = +0
+  return y;
+}
+
+struct SoftmaxRows {
+  float m[2];  // running max
+  float l[2];  // running sum of exp2(s - m), partial over the thread's columns until finish()
+
+  __device__ __forceinline__ void init() {
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+  }
+
+  /// s: NS m16n8 logit fragments of one KV tile, replaced by the probabilities
+  /// exp2(s - m_new); acc: ND m16n8 output fragments, rescaled to m_new.
+  template <int NS, int ND>
+  __device__ __forceinline__ void update(float (&s)[NS][4], float (&acc)[ND][4]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m[h];
+#pragma unroll
+      for (int i = 0; i < NS; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * h], s[i][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float ref = mx == -INFINITY ? 0.0f : mx;
+      const float alpha = fast_exp2(m[h] - ref);
+      m[h] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+        s[i][2 * h] = fast_exp2(s[i][2 * h] - ref);
+        s[i][2 * h + 1] = fast_exp2(s[i][2 * h + 1] - ref);
+        sum += s[i][2 * h] + s[i][2 * h + 1];
+      }
+      l[h] = l[h] * alpha + sum;
+#pragma unroll
+      for (int i = 0; i < ND; ++i) {
+        acc[i][2 * h] *= alpha;
+        acc[i][2 * h + 1] *= alpha;
+      }
+    }
+  }
+
+  /// Completes the row sums across the 4 threads that share a row.
+  __device__ __forceinline__ void finish() {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+  }
+};
+
+}  // namespace pagedmha::cuda

@@ -1,0 +1,105 @@
+// Copies tiles of BN consecutive key positions of one KV head from a paged cache into
+// shared memory with 16-byte cp.async. Each token is addressed through the page table:
+// page_table[pos / P] * page_stride + (pos % P) * token_stride (64-bit), so any page
+// size and NHD / HND / interleaved layouts work. Positions outside [lo, hi) are
+// zero-filled without touching the page table or the cache.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/attention_args.cuh"
+#include "cuda/common/convert.cuh"
+#include "cuda/common/mma.cuh"
+
+namespace pagedmha::cuda {
+
+/// Byte offset of 16-byte chunk c of row r in a swizzled [rows][kChunks] tile: the chunk
+/// index is XORed with r % 8 so that ldmatrix's 8 row addresses (and the copies) hit 8
+/// distinct bank groups. Needs kChunks >= 8.
+template <int kChunks>
+__device__ __forceinline__ uint32_t swizzle(int r, int c) {
+  return static_cast<uint32_t>((r * kChunks + (c ^ (r & 7))) * 16);
+}
+
+template <int D, class KV, int BN, int kThreads>
+struct PagedTileLoader {
+  static constexpr bool kFp8 = sizeof(KV) == 1;
+  static constexpr int kRawChunks = D * static_cast<int>(sizeof(KV)) / 16;  // per token row
+  static constexpr int kRowsPerPass = kThreads / kRawChunks;
+  static constexpr int kRows = BN / kRowsPerPass;  // token rows each thread copies (K and V each)
+  static constexpr int kTileBytes = BN * D * static_cast<int>(sizeof(KV));
+  static_assert(kThreads % kRawChunks == 0 && BN % kRowsPerPass == 0, "tile split");
+
+  const char* k;
+  const char* v;
+  int64_t k_page_stride, k_token_stride, v_page_stride, v_token_stride;  // bytes
+  const int32_t* pages;
+  int lo, hi, page_size;
+  int chunk, row0;
+  int page[kRows], tok[kRows];
+
+  __device__ PagedTileLoader(const AttentionArgs& a, int kv_head, const int32_t* page_row, int key_lo, int key_hi)
+      : pages(page_row), lo(key_lo), hi(key_hi), page_size(a.page_size) {
+    constexpr int64_t es = sizeof(KV);
+    chunk = threadIdx.x % kRawChunks;
+    row0 = threadIdx.x / kRawChunks;
+    k = static_cast<const char*>(a.k) + kv_head * a.k_head_stride * es + chunk * 16;
+    v = static_cast<const char*>(a.v) + kv_head * a.v_head_stride * es + chunk * 16;
+    k_page_stride = a.k_page_stride * es;
+    k_token_stride = a.k_token_stride * es;
+    v_page_stride = a.v_page_stride * es;
+    v_token_stride = a.v_token_stride * es;
+  }
+
+  __device__ __forceinline__ bool in_range(int pos) const { return pos >= lo && pos < hi; }
+
+  /// Loads the page ids of `tile` into registers (issued early to hide their latency).
+  __device__ __forceinline__ void fetch_pages(int tile) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int pos = tile * BN + row0 + i * kRowsPerPass;
+      page[i] = 0;
+      tok[i] = 0;
+      if (in_range(pos)) {
+        const int col = pos / page_size;
+        page[i] = __ldg(pages + col);
+        tok[i] = pos - col * page_size;
+      }
+    }
+  }
+
+  /// Starts the copies of `tile` (after fetch_pages(tile)) into K then V at `dst`.
+  __device__ __forceinline__ void issue(int tile, char* dst) const {
+    const uint32_t base = smem_addr(dst);
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int r = row0 + i * kRowsPerPass;
+      const bool valid = in_range(tile * BN + r);
+      const uint32_t off = kFp8 ? static_cast<uint32_t>((r * kRawChunks + chunk) * 16) : swizzle<kRawChunks>(r, chunk);
+      const int64_t p = page[i], t = tok[i];
+      cp_async_16(base + off, k + (p * k_page_stride + t * k_token_stride), valid);
+      cp_async_16(base + kTileBytes + off, v + (p * v_page_stride + t * v_token_stride), valid);
+    }
+  }
+
+  /// fp8 only: converts the thread's own chunks of a landed tile (K then V, plain
+  /// layout) into a swizzled T tile pair at `dst` (K at 0, V at dst_tile_bytes).
+  template <class T, int kChunks>
+  __device__ __forceinline__ void dequantize(const char* src, char* dst, int dst_tile_bytes) const {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int r = row0 + i * kRowsPerPass;
+#pragma unroll
+      for (int kv = 0; kv < 2; ++kv) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(src + kv * kTileBytes + (r * kRawChunks + chunk) * 16);
+        uint4 out[2];
+        fp8x16_to<T>(raw, out);
+        char* d = dst + kv * dst_tile_bytes;
+        *reinterpret_cast<uint4*>(d + swizzle<kChunks>(r, 2 * chunk)) = out[0];
+        *reinterpret_cast<uint4*>(d + swizzle<kChunks>(r, 2 * chunk + 1)) = out[1];
+      }
+    }
+  }
+};
+
+}  // namespace pagedmha::cuda

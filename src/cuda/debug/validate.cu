@@ -1,0 +1,130 @@
+// Debug validation (off by default): device checks of page ids and write slots that the
+// front end cannot see without reading device memory. A check kernel records the first
+// violation (lowest index) with atomicMin into one 64-bit device word; the host then
+// synchronises and throws Error naming it. Allocates and synchronises: debug mode only,
+// never inside graph capture.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/check.cuh"
+#include "cuda/common/elementwise.cuh"
+#include "cuda/cuda_ops.h"
+
+namespace pagedmha::cuda {
+namespace {
+
+constexpr unsigned long long kNone = ~0ull;
+
+// Key of a violation: (row << 32) | code; code 0 = the row's length itself is bad
+// (negative, or needs more table columns than exist); code c + 1 = page id at column c.
+// Checks exactly the pages attention reads (as the CPU front end does).
+__global__ void check_page_ids_kernel(const detail::AttentionProblem p, unsigned long long* first) {
+  const int64_t r = blockIdx.x;
+  const int32_t len = p.seq_lens[r];
+  const int32_t n = p.cu_seqlens_q ? p.cu_seqlens_q[r + 1] - p.cu_seqlens_q[r] : p.q_len_per_req;
+  if (len < 0) {
+    if (threadIdx.x == 0) atomicMin(first, static_cast<unsigned long long>(r) << 32);
+    return;
+  }
+  if (n <= 0 || len == 0) return;  // reads no page
+  const int64_t P = p.kv.page_size;
+  const int64_t pages = div_up(len, P);
+  if (pages > p.page_table_cols) {
+    if (threadIdx.x == 0) atomicMin(first, static_cast<unsigned long long>(r) << 32);
+    return;
+  }
+  // Pages wholly before the window may have been released: they are never read.
+  const int64_t first_key = p.window_left >= 0 ? max(int64_t{0}, len - n - int64_t{p.window_left}) : 0;
+  const int32_t* row = p.page_table + r * p.page_table_row_stride;
+  for (int64_t c = first_key / P + threadIdx.x; c < pages; c += blockDim.x) {
+    const int32_t id = row[c];
+    if (id < 0 || id >= p.kv.num_pages) {
+      atomicMin(first, (static_cast<unsigned long long>(r) << 32) | static_cast<unsigned long long>(c + 1));
+    }
+  }
+}
+
+__global__ void check_slots_kernel(const int32_t* __restrict__ slots, int64_t n, int64_t num_slots,
+                                   unsigned long long* first) {
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < n;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t s = slots[t];
+    if (s < 0 || s >= num_slots) atomicMin(first, static_cast<unsigned long long>(t));
+  }
+}
+
+// Runs `launch(flag)` on `stream` with a fresh device word set to kNone; returns the word.
+template <class Launch>
+unsigned long long run_check(cudaStream_t stream, Launch&& launch) {
+  unsigned long long* flag = nullptr;
+  PAGEDMHA_CUDA_CHECK(cudaMalloc(&flag, sizeof(*flag)));
+  unsigned long long result = kNone;
+  try {
+    PAGEDMHA_CUDA_CHECK(cudaMemcpyAsync(flag, &result, sizeof(result), cudaMemcpyHostToDevice, stream));
+    launch(flag);
+    PAGEDMHA_CUDA_CHECK_LAUNCH();
+    PAGEDMHA_CUDA_CHECK(cudaMemcpyAsync(&result, flag, sizeof(result), cudaMemcpyDeviceToHost, stream));
+    PAGEDMHA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  } catch (...) {
+    cudaFree(flag);
+    throw;
+  }
+  PAGEDMHA_CUDA_CHECK(cudaFree(flag));
+  return result;
+}
+
+int32_t read_int(const int32_t* device_ptr, cudaStream_t stream) {
+  int32_t v = 0;
+  PAGEDMHA_CUDA_CHECK(cudaMemcpyAsync(&v, device_ptr, sizeof(v), cudaMemcpyDeviceToHost, stream));
+  PAGEDMHA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return v;
+}
+
+}  // namespace
+
+void validate_page_ids(const detail::AttentionProblem& p) {
+  if (p.batch == 0) return;
+  DeviceGuard guard(p.device.index);
+  const cudaStream_t stream = as_stream(p.stream);
+  const unsigned long long first = run_check(stream, [&](unsigned long long* flag) {
+    check_page_ids_kernel<<<p.batch, 128, 0, stream>>>(p, flag);
+  });
+  if (first == kNone) return;
+  const int64_t row = static_cast<int64_t>(first >> 32);
+  const int64_t code = static_cast<int64_t>(first & 0xffffffffull);
+  const char* op = p.cu_seqlens_q ? "batch_prefill" : "batch_decode";
+  const int32_t len = read_int(p.seq_lens + row, stream);
+  if (code == 0) {
+    throw_invalid_argument(op, "seq_lens[" + std::to_string(row) + "]",
+                           "a length in [0, page_table cols * page_size] = [0, " +
+                               std::to_string(static_cast<int64_t>(p.page_table_cols) * p.kv.page_size) + "]",
+                           std::to_string(len));
+  }
+  const int64_t col = code - 1;
+  const int32_t id = read_int(p.page_table + row * p.page_table_row_stride + col, stream);
+  throw_invalid_argument(op, "page_table[" + std::to_string(row) + ", " + std::to_string(col) + "]",
+                         "a page id in [0, num_pages) = [0, " + std::to_string(p.kv.num_pages) +
+                             ") for seq_len " + std::to_string(len),
+                         std::to_string(id));
+}
+
+void validate_slots(const detail::AppendKvProblem& p) {
+  if (p.num_tokens == 0) return;
+  DeviceGuard guard(p.device.index);
+  const cudaStream_t stream = as_stream(p.stream);
+  const int64_t num_slots = p.kv.num_pages * p.kv.page_size;
+  const unsigned long long first = run_check(stream, [&](unsigned long long* flag) {
+    constexpr int kThreads = 256;
+    check_slots_kernel<<<grid_stride_blocks(p.num_tokens, kThreads), kThreads, 0, stream>>>(
+        p.out_cache_loc, p.num_tokens, num_slots, flag);
+  });
+  if (first == kNone) return;
+  const int32_t slot = read_int(p.out_cache_loc + first, stream);
+  throw_invalid_argument("append_kv", "out_cache_loc[" + std::to_string(first) + "]",
+                         "a slot in [0, num_pages * page_size) = [0, " + std::to_string(num_slots) + ")",
+                         std::to_string(slot));
+}
+
+}  // namespace pagedmha::cuda

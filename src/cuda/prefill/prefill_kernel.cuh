@@ -1,0 +1,63 @@
+// Prefill / extend attention: one CTA per (64-row query tile, query head, request) with
+// ragged queries (cu_seqlens_q) after a cached prefix of L - n keys. Tiles past a
+// request's query count exit; causal tiles stop at the diagonal and windowed tiles start
+// at the window, so only boundary tiles pay for masking.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/attention_mainloop.cuh"
+#include "cuda/common/launch.cuh"
+
+namespace pagedmha::cuda {
+
+/// Row r of the tile starting at query m0 of request b (query positions L - n + i).
+struct PrefillRows {
+  const AttentionArgs& a;
+  int64_t q_begin;
+  int n, L, m0, head;
+
+  __device__ RowDesc operator()(int r) const {
+    const int i = m0 + r;
+    RowDesc d{};
+    d.valid = i < n;
+    if (!d.valid) return d;
+    d.qrow = q_begin + i;
+    d.head = head;
+    visible_keys(a, L, L - n + i, d.lo, d.hi);
+    return d;
+  }
+};
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads) prefill_kernel(const AttentionArgs a) {
+  extern __shared__ __align__(128) char smem_raw[];
+  const int m_tile = gridDim.x - 1 - blockIdx.x;  // longest (latest) tiles first
+  const int head = blockIdx.y, b = blockIdx.z;
+  const int q_begin = a.cu_seqlens_q[b];
+  const int n = a.cu_seqlens_q[b + 1] - q_begin;
+  const int m0 = m_tile * Tr::M;
+  if (m0 >= n) return;
+  const int L = max(a.seq_lens[b], 0);
+  const int kv_head = head / a.group;
+
+  const AttentionSmem<Tr> sm{smem_raw};
+  const PrefillRows rows{a, q_begin, n, L, m0, head};
+  const KeyRange kr = setup_rows<Tr>(a, sm, rows);
+  WarpResult<Tr> res;
+  attention_mainloop<Tr>(a, sm, kr, kv_head, a.page_table + b * a.page_table_row_stride, kr.lo / Tr::BN,
+                         (kr.hi + Tr::BN - 1) / Tr::BN, res);
+  attention_epilogue<Tr>(sm, res, DirectOut<typename Tr::T, PrefillRows>{a, rows});
+}
+
+template <int D, class T, class KV>
+void launch_prefill(const AttentionArgs& a, int max_q_len, cudaStream_t stream) {
+  using Tr = AttentionTraits<D, T, KV, 4>;
+  const dim3 grid(static_cast<unsigned>(ceil_div(max_q_len, Tr::M)), static_cast<unsigned>(a.num_q_heads),
+                  static_cast<unsigned>(a.batch));
+  allow_dynamic_smem(prefill_kernel<Tr>, Tr::kSmemBytes);
+  prefill_kernel<Tr><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(a);
+  PAGEDMHA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace pagedmha::cuda

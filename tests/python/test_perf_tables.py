@@ -1,0 +1,278 @@
+"""Tests of the benchmark's counting helpers (bench/metrics.py), its torch-free planning
+(bench/bench_attention.py) and the table generator (scripts/perf_tables.py).
+Standard library + pytest only: no torch, no GPU."""
+
+import importlib.util
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+M = _load("metrics", REPO / "bench" / "metrics.py")
+PT = _load("perf_tables", REPO / "scripts" / "perf_tables.py")
+BA = _load("bench_attention", REPO / "bench" / "bench_attention.py")
+
+
+# --- Counting ---------------------------------------------------------------------------
+
+def brute_pairs(n, L, W, causal):
+    count = 0
+    for i in range(n):
+        p = L - n + i
+        for j in range(L):
+            if causal and j > p:
+                continue
+            if W >= 0 and j < p - W:
+                continue
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_visible_pairs_matches_brute_force(causal):
+    for n, L, W in itertools.product([0, 1, 2, 3, 5, 8, 13], [0, 1, 4, 7, 13],
+                                     [-1, 0, 1, 2, 5, 20]):
+        assert M.visible_pairs(n, L, W, causal) == brute_pairs(n, L, W, causal), (n, L, W)
+
+
+def test_visible_pairs_hand_values():
+    assert M.visible_pairs(4, 4) == 1 + 2 + 3 + 4
+    assert M.visible_pairs(2, 5) == 4 + 5  # queries at positions 3 and 4
+    assert M.visible_pairs(4, 4, window_left=1) == 1 + 2 + 2 + 2
+    assert M.visible_pairs(6, 4) == 1 + 2 + 3 + 4  # two queries before the first key
+    assert M.visible_pairs(3, 10, causal=False) == 30
+    assert M.visible_pairs(1, 32768, window_left=127) == 128
+    assert M.visible_pairs(4096, 4096) == 4096 * 4097 // 2
+
+
+def test_prefill_flops_hand_values():
+    # llama3-8b, 4 x 4k causal: 4 * Hq * D * pairs.
+    assert M.prefill_flops([4096] * 4, [4096] * 4, 32, 128) == 4 * 32 * 128 * 4 * (4096 * 4097 // 2)
+    # chunked: 2k new over 6k cached, each query sees 6145..8192 keys.
+    pairs = sum(range(6145, 8193))
+    assert M.prefill_flops([2048], [8192], 64, 64) == 4 * 64 * 64 * pairs
+
+
+def test_decode_bytes_hand_values():
+    # llama3-8b 64 x 4k, q_len 1, bf16: K+V 64*4096*8*128*2 B each, Q and O 64*32*128*2 B.
+    kv = 2 * 64 * 4096 * 8 * 128 * 2
+    qo = 2 * 64 * 32 * 128 * 2
+    assert M.decode_bytes(64, 4096, 1, 32, 8, 128, "bf16") == kv + qo == 1_074_790_400
+    # fp8 KV halves the cache term only.
+    assert M.decode_bytes(64, 4096, 1, 32, 8, 128, "fp8_e4m3") == kv // 2 + qo
+    # Window 127: 128 keys for one query, 131 for four (the union of their windows).
+    assert M.decode_bytes(2, 32768, 1, 64, 8, 64, "bf16", window_left=127) == \
+        2 * 128 * 8 * 64 * 2 * 2 + 2 * 2 * 64 * 64 * 2
+    assert M.visible_keys(4, 32768, 127) == 131
+    assert M.visible_keys(4, 100, 127) == 100
+    assert M.visible_keys(0, 100) == 0
+
+
+def test_rates_and_slug():
+    assert M.tbps(4.6e12 * 1e-3, 1000.0) == pytest.approx(4.6)
+    assert M.tflops(700e12 * 2e-3, 2000.0) == pytest.approx(700.0)
+    assert M.gpu_slug("NVIDIA H200") == "h200"
+    assert M.gpu_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+    assert M.gpu_slug("") == "unknown-gpu"
+    with pytest.raises(ValueError):
+        M.elem_bytes("int4")
+
+
+# --- Records and targets ----------------------------------------------------------------
+
+def rec(impl, op="decode", model="llama3-8b", batch=64, ctx=4096, q_len=1, page=16,
+        kv="bf16", window=-1, time_us=100.0, **extra):
+    r = {"op": op, "impl": impl, "model": model, "batch": batch, "ctx": ctx, "q_len": q_len,
+         "page_size": page if impl == M.IMPL_OURS else None, "kv_dtype": kv,
+         "window_left": window, "sinks": False}
+    r.update(extra)
+    if time_us is None:  # a failed run carries an error and no figures
+        return r
+    r["time_us"] = time_us
+    g = M.MODELS[model]
+    if op == "decode":
+        r["tbps"] = M.tbps(M.decode_bytes(batch, ctx, q_len, g["hq"], g["hkv"], g["d"], kv,
+                                          window_left=window), time_us)
+    else:
+        r["tflops"] = M.tflops(M.prefill_flops([q_len] * batch, [ctx] * batch, g["hq"], g["d"]),
+                               time_us)
+    return r
+
+
+def synthetic_records():
+    return [
+        rec("pagedmha", time_us=250.0, rel_l2=3e-3, check_pass=True),
+        rec("torch-cudnn", time_us=240.0),
+        rec("torch-flash", time_us=300.0),
+        rec("pagedmha", page=64, time_us=245.0),
+        rec("pagedmha", batch=1, ctx=32768, time_us=40.0),
+        rec("torch-cudnn", batch=1, ctx=32768, time_us=38.0),
+        rec("pagedmha", batch=128, ctx=32768, time_us=4000.0),
+        rec("pagedmha", batch=128, ctx=32768, kv="fp8_e4m3", time_us=2200.0),
+        rec("torch-cudnn", batch=128, ctx=32768, kv="fp8_e4m3", time_us=None,
+            error="SDPA takes no fp8_e4m3 KV cache"),
+        rec("pagedmha", batch=64, ctx=32768, time_us=2000.0),
+        rec("pagedmha", batch=64, ctx=32768, window=127, time_us=50.0),
+        rec("pagedmha", op="prefill", batch=4, ctx=4096, q_len=4096, time_us=1000.0),
+        rec("torch-cudnn", op="prefill", batch=4, ctx=4096, q_len=4096, time_us=1100.0),
+        rec("torch-flash", op="prefill", batch=4, ctx=4096, q_len=4096, time_us=1500.0),
+    ]
+
+
+def test_ratio_pairs_ours_with_the_peer_of_the_same_shape():
+    recs = synthetic_records()
+    peers = M.peer_index(recs)
+    ours = recs[0]
+    assert M.ratio_to_peer(ours, peers, M.IMPL_CUDNN) == pytest.approx(240.0 / 250.0)
+    assert M.ratio_to_peer(ours, peers, M.IMPL_FLASH) == pytest.approx(300.0 / 250.0)
+    p64 = recs[3]  # page size is not part of the peer key (peers are dense)
+    assert M.ratio_to_peer(p64, peers, M.IMPL_CUDNN) == pytest.approx(240.0 / 245.0)
+    fp8 = recs[7]  # the failed peer record pairs with nothing
+    assert M.ratio_to_peer(fp8, peers, M.IMPL_CUDNN) is None
+
+
+def test_evaluate_targets():
+    t = {x["name"]: x for x in M.evaluate_targets(synthetic_records())}
+    assert len(t) == 6
+    by = lambda s: next(v for k, v in t.items() if s in k)  # noqa: E731
+    v = by("64x4k p16 bf16: TB/s vs cuDNN")
+    assert v["value"] == pytest.approx(0.96) and v["met"] is True
+    v = by("1x32k")
+    assert v["value"] == pytest.approx(0.95) and v["met"] is False
+    v = by("fp8-KV")
+    assert v["value"] == pytest.approx(4000 / 2200) and v["met"] is True
+    v = by("window 127")
+    assert v["value"] == pytest.approx(40.0) and v["met"] is True
+    v = by("prefill llama3-8b causal 4x4k: TFLOP/s vs cuDNN")
+    assert v["value"] == pytest.approx(1.1) and v["met"] is True
+    v = by("vs flash")
+    assert v["value"] == pytest.approx(1.5) and v["met"] is True
+
+
+def test_evaluate_targets_without_data():
+    for t in M.evaluate_targets([rec("torch-cudnn")]):
+        assert t["value"] is None and t["met"] is None
+        assert "no data" in M.fmt_target(t)
+
+
+# --- perf_tables ------------------------------------------------------------------------
+
+def write_doc(tmp_path, name="h200-attention-20261201.json", records=None, **kw):
+    doc = {"gpu": "NVIDIA H200", "commit": "abc123", "command": "python3 bench/x.py",
+           "date": "2026-12-01T10:00:00+00:00",
+           "ceilings": {"read_tbps": 4.6, "copy_tbps": 4.25, "gemm_bf16_tflops": 760.0},
+           "records": synthetic_records() if records is None else records}
+    doc.update(kw)
+    (tmp_path / name).write_text(json.dumps(doc))
+    return doc
+
+
+def test_perf_tables_no_results(tmp_path):
+    out = tmp_path / "performance.md"
+    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "No benchmark results yet" in text
+    assert "TB/s |" not in text  # no table, no numbers
+
+
+def test_perf_tables_renders_records(tmp_path):
+    write_doc(tmp_path)
+    (tmp_path / "broken.json").write_text("{not json")
+    out = tmp_path / "docs" / "performance.md"
+    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "NVIDIA H200" in text and "`abc123`" in text and "`python3 bench/x.py`" in text
+    assert "### decode, llama3-8b" in text and "### prefill, llama3-8b" in text
+    assert "4.25 TB/s" in text and "760 TFLOP/s" in text
+    # 64 x 4k bf16 page 16: ours 1074790400 B / 250 us, cuDNN at 240 us.
+    row = next(l for l in text.splitlines()
+               if l.startswith("| 64 x 4k | 1 | 16 | bf16 | - |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[6] == "250.0"
+    assert cells[7] == f"{1_074_790_400 / 250e-6 / 1e12:.2f}"
+    assert cells[8] == f"{100 * 1_074_790_400 / 250e-6 / 1e12 / 4.6:.0f}%"
+    assert cells[11] == "0.96x" and cells[12] == "1.20x"
+    assert cells[13] == "3.0e-03"
+    # fp8 row: no peer ratio, the peer's error listed.
+    fp8 = next(l for l in text.splitlines() if "| 128 x 32k | 1 | 16 | fp8_e4m3 |" in l)
+    assert fp8.rstrip().endswith("| - | - | - | - | - |")
+    assert "SDPA takes no fp8_e4m3 KV cache" in text
+    assert "**not met**" in text and "| met |" in text
+    assert "broken.json" in text and "Files skipped" in text
+
+
+def test_perf_tables_peer_only_shapes_show_no_invented_numbers(tmp_path):
+    write_doc(tmp_path, records=[rec("torch-cudnn", time_us=240.0)])
+    out = tmp_path / "p.md"
+    PT.main(["--results-dir", str(tmp_path), "--out", str(out)])
+    row = next(l for l in out.read_text().splitlines() if l.startswith("| 64 x 4k |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[6] == "error" and cells[7] == "-" and cells[11] == "-"
+    assert cells[9] == f"{1_074_790_400 / 240e-6 / 1e12:.2f}"
+
+
+def test_perf_tables_newest_file_first(tmp_path):
+    write_doc(tmp_path, name="a.json", date="2026-11-01T00:00:00+00:00", commit="old")
+    write_doc(tmp_path, name="b.json", date="2026-12-02T00:00:00+00:00", commit="new")
+    docs, problems = PT.load(tmp_path)
+    assert [n for n, _ in docs] == ["b.json", "a.json"] and problems == []
+
+
+# --- bench_attention without torch -----------------------------------------------------
+
+def test_bench_plan_is_torch_free_and_consistent():
+    assert BA.torch is None  # importing the module did not need torch
+    plan = BA.full_plan()
+    names = [c.name for c in plan]
+    assert len(names) == len(set(names))
+    peer_keys = [(c.op, c.model, c.batch, c.ctx, c.q_len, c.kv_dtype, c.window_left)
+                 for c in plan if c.peers]
+    assert len(peer_keys) == len(set(peer_keys))  # each peer shape timed once
+    # Every target has the records it needs.
+    need = [("decode", "llama3-8b", 64, 4096, 1, 16, "bf16", -1),
+            ("decode", "llama3-8b", 1, 32768, 1, 16, "bf16", -1),
+            ("decode", "llama3-8b", 128, 32768, 1, 16, "fp8_e4m3", -1),
+            ("decode", "llama3-8b", 64, 32768, 1, 16, "bf16", 127),
+            ("prefill", "llama3-8b", 4, 4096, 4096, 16, "bf16", -1)]
+    have = {(c.op, c.model, c.batch, c.ctx, c.q_len, c.page_size, c.kv_dtype, c.window_left)
+            for c in plan}
+    for n in need:
+        assert n in have
+    for c in BA.quick_plan():
+        assert c.name
+
+
+def test_bench_case_geometry():
+    c = BA.Case("decode", "llama3-8b", 64, 32768, 4, 16, window_left=127)
+    assert c.first_key == 32768 - 4 - 127
+    assert c.work()["bytes"] == M.decode_bytes(64, 32768, 4, 32, 8, 128, "bf16", window_left=127)
+    assert BA.peer_mask_mode(c) == "explicit"
+    assert BA.peer_mask_mode(BA.Case("decode", "gpt-oss", 1, 32768, 1)) == "none"
+    assert BA.peer_mask_mode(BA.Case("decode", "gpt-oss", 64, 4096, 4)) == "lower_right"
+    assert BA.peer_mask_mode(BA.Case("prefill", "gpt-oss", 4, 4096, 4096)) == "causal"
+    assert BA.peer_mask_mode(BA.Case("prefill", "gpt-oss", 8, 8192, 2048)) == "lower_right"
+    assert BA.Case("decode", "gpt-oss", 1, 32768, 1).sinks
+    p = BA.Case("prefill", "llama3-8b", 8, 8192, 2048)
+    assert p.work()["flops"] == 8 * M.prefill_flops([2048], [8192], 32, 128)
+    assert p.name == "prefill llama3-8b 8x8k q2k p16 bf16"
+
+
+def test_bench_summary_table_from_records():
+    text = BA.summary_table(synthetic_records())
+    lines = text.splitlines()
+    row = next(l for l in lines if l.startswith("decode llama3-8b 64x4k q1 p16 bf16 TB/s"))
+    assert "0.96" in row and "1.20" in row and "3.0e-03" in row
+    assert any("NOT met" in l for l in lines) and any(l.rstrip().endswith(" met") for l in lines)

@@ -1,0 +1,212 @@
+#include "bench/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "pagedmha/error.h"
+#include "pagedmha/memory.h"
+#include "pagedmha/numeric.h"
+#include "pagedmha/ops.h"
+#include "replay/device_info.h"
+#include "replay/replay.h"
+#include "replay/timer.h"
+
+namespace pagedmha::tools {
+namespace {
+
+struct Geometry {
+  std::string name;
+  int Hq, Hkv, D, window;
+  bool sinks;
+};
+
+Geometry geometry(const std::string& name) {
+  if (name == "llama3-8b") return {name, 32, 8, 128, -1, false};
+  if (name == "llama3-70b") return {name, 64, 8, 128, -1, false};
+  if (name == "qwen2.5-7b") return {name, 28, 4, 128, -1, false};
+  if (name == "gemma") return {name, 16, 8, 256, -1, false};
+  if (name == "gpt-oss") return {name, 64, 8, 64, -1, true};  // full-attention layer; window via --models gpt-oss-swa
+  if (name == "gpt-oss-swa") return {name, 64, 8, 64, 127, true};
+  throw_invalid_argument("bench", "--models", "llama3-8b, llama3-70b, qwen2.5-7b, gemma, gpt-oss, gpt-oss-swa", name);
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');)
+    if (!x.empty()) out.push_back(x);
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// One shape: a paged cache with randomly permuted pages, replicated `copies` times so
+// consecutive iterations read different memory (rotation past the 60 MB L2).
+struct Shape {
+  std::string op;
+  Geometry g;
+  int batch, ctx, q_len, page_size;
+  DType kv;
+};
+
+nlohmann::json run_shape(const Shape& s, Device dev, int iters, int repeats) {
+  const int B = s.batch, P = s.page_size, Hq = s.g.Hq, Hkv = s.g.Hkv, D = s.g.D;
+  const int64_t pages_per_req = (s.ctx + P - 1) / P, pages = B * pages_per_req + 1;
+  const int64_t kv_bytes = pages * P * Hkv * D * int64_t(dtype_size(s.kv));
+  const int copies = dev.is_cuda() ? static_cast<int>(std::clamp<int64_t>(256'000'000 / std::max<int64_t>(2 * kv_bytes, 1), 1, 8)) : 1;
+  const bool decode = s.op == "decode";
+  const int64_t rows = decode ? int64_t{B} * s.q_len : int64_t{B} * s.q_len;
+  std::mt19937_64 rng(42);
+  std::vector<int32_t> table(size_t(B) * pages_per_req), seq(B, s.ctx), cu(B + 1);
+  std::iota(table.begin(), table.end(), 1);
+  std::shuffle(table.begin(), table.end(), rng);
+  for (int b = 0; b <= B; ++b) cu[b] = b * s.q_len;
+  std::vector<uint8_t> fill(static_cast<size_t>(kv_bytes));
+  for (size_t i = 0; i < fill.size(); ++i) fill[i] = s.kv == DType::fp8_e4m3 ? uint8_t(rng() & 0x3F) : uint8_t(i & 1 ? 0x3C : rng());
+  auto upload = [&](const void* p, size_t n) {
+    Buffer b(std::max<size_t>(n, 4), dev);
+    copy_bytes(b.data(), dev, p, Device::cpu(), n);
+    return b;
+  };
+  std::vector<Buffer> kc, vc;
+  for (int c = 0; c < copies; ++c) kc.push_back(upload(fill.data(), fill.size())), vc.push_back(upload(fill.data(), fill.size()));
+  Buffer tb = upload(table.data(), table.size() * 4), sb = upload(seq.data(), seq.size() * 4), cb = upload(cu.data(), cu.size() * 4);
+  std::vector<uint16_t> qh(size_t(rows) * Hq * D);
+  for (auto& x : qh) x = float_to_bf16(std::uniform_real_distribution<float>(-1, 1)(rng));
+  Buffer q = upload(qh.data(), qh.size() * 2), out(qh.size() * 2, dev);
+  std::vector<float> sinks_h(Hq, 0.5f);
+  Buffer sinks = upload(sinks_h.data(), sinks_h.size() * 4);
+  const std::size_t ws = decode ? decode_workspace_size(dev, B, s.q_len, Hq, Hkv, D) : 0;
+  Buffer work(std::max<std::size_t>(ws, 1), dev);
+  AttentionParams prm;
+  prm.bmm1_scale = 1.0f / std::sqrt(float(D));
+  prm.window_left = s.g.window;
+  if (s.g.sinks) prm.sinks = sinks.view({Hq}, DType::fp32);
+  const int64_t slots = pages * P;
+  auto once = [&](int c) {
+    const TensorView kv = kc[c].view({slots, Hkv, D}, s.kv), vv = vc[c].view({slots, Hkv, D}, s.kv);
+    const TensorView qv = q.view({rows, Hq, D}, DType::bf16), ov = out.view({rows, Hq, D}, DType::bf16);
+    if (decode)
+      batch_decode(qv, kv, vv, tb.view({B, pages_per_req}, DType::int32), sb.view({B}, DType::int32), P, s.q_len, ov,
+                   prm, {}, ws ? work.bytes_view() : TensorView{});
+    else
+      batch_prefill(qv, kv, vv, tb.view({B, pages_per_req}, DType::int32), sb.view({B}, DType::int32),
+                    cb.view({B + 1}, DType::int32), P, s.q_len, ov, prm);
+  };
+  for (int w = 0; w < std::min(iters, 3); ++w) once(w % copies);  // warm-up
+  synchronize();
+  IntervalTimer timer(dev, Stream{});
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    timer.start();
+    for (int i = 0; i < iters; ++i) once(i % copies);
+    timer.stop();
+    times.push_back(timer.take_seconds() / iters);
+  }
+  const double t = median(times);
+  nlohmann::json rec = {{"op", s.op}, {"impl", "pagedmha"}, {"model", s.g.name}, {"batch", B}, {"ctx", s.ctx},
+                        {"q_len", s.q_len}, {"page_size", P}, {"kv_dtype", s.kv == DType::fp8_e4m3 ? "fp8" : "bf16"},
+                        {"window_left", s.g.window}, {"sinks", s.g.sinks}, {"time_us", t * 1e6}};
+  const double kv_read = double(B) * keys_read(s.ctx, s.q_len, s.g.window) * Hkv * D * 2.0 * dtype_size(s.kv);
+  const double qo = double(rows) * Hq * D * 2.0 * 2.0;
+  if (decode) rec["tbps"] = (kv_read + qo) / t / 1e12;
+  else rec["tflops"] = 4.0 * Hq * D * double(B) * visible_pairs(s.ctx, s.q_len, s.g.window) / t / 1e12;
+  return rec;
+}
+
+std::string git_commit() {
+  std::string out;
+  if (FILE* p = popen("git -C '" PAGEDMHA_SOURCE_DIR "' rev-parse HEAD 2>/dev/null", "r")) {
+    char buf[64];
+    if (fgets(buf, sizeof buf, p)) out = buf;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+}  // namespace
+
+void add_bench_options(CLI::App& app, BenchOptions& o) {
+  app.add_option("--device", o.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--ops", o.ops, "Comma list: decode, prefill");
+  app.add_option("--models", o.models, "Comma list: llama3-8b, llama3-70b, qwen2.5-7b, gemma, gpt-oss, gpt-oss-swa");
+  app.add_option("--iters", o.iters, "Timed iterations per repeat (CUDA default 50, CPU 2)");
+  app.add_option("--repeats", o.repeats, "Repeats; the median is reported");
+  app.add_option("--scale", o.scale, "Divide every ctx / S by this (CUDA default 1, CPU 16: the CPU is slow)");
+  app.add_option("--out-dir", o.out_dir, "Results folder (default: <source>/bench/results)");
+}
+
+int bench_main(const BenchOptions& o) {
+  const Device dev = parse_device(o.device);
+  const int iters = o.iters > 0 ? o.iters : dev.is_cuda() ? 50 : 2;
+  const int scale = o.scale > 0 ? o.scale : dev.is_cuda() ? 1 : 16;
+  std::vector<Shape> shapes;
+  for (const std::string& m : split(o.models)) {
+    const Geometry g = geometry(m);
+    for (const std::string& op : split(o.ops)) {
+      if (op == "decode") {
+        const std::pair<int, int> bc[] = {{1, 32768}, {16, 8192}, {64, 4096}, {256, 2048}, {128, 32768}};
+        for (auto [b, c] : bc)
+          for (int p : {16, 64})
+            for (DType kv : {DType::bf16, DType::fp8_e4m3})
+              for (int n : {1, 4}) shapes.push_back({op, g, dev.is_cuda() ? b : std::max(1, b / 4), c / scale, n, p, kv});
+      } else if (op == "prefill") {
+        for (int S : {1024, 4096, 16384}) shapes.push_back({op, g, 16384 / S, S / scale, S / scale, 64, DType::bf16});
+        shapes.push_back({op, g, 4, 8192 / scale, 2048 / scale, 64, DType::bf16});  // chunked: 2k new over 6k cached
+      } else {
+        throw_invalid_argument("bench", "--ops", "decode, prefill", op);
+      }
+    }
+  }
+  const DeviceCeilings c = device_ceilings_of(dev);
+  nlohmann::json j;
+  j["gpu"] = c.gpu.empty() ? device_name(dev) : c.gpu;
+  j["commit"] = git_commit();
+  j["command"] = "pagedmha bench --device " + o.device + " --ops " + o.ops + " --models " + o.models +
+                 " --scale " + std::to_string(scale) + " --iters " + std::to_string(iters);
+  std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  j["date"] = date;
+  j["ceilings"] = c.read_tbps > 0 ? nlohmann::json{{"read_tbps", c.read_tbps}, {"copy_tbps", c.copy_tbps},
+                                                   {"gemm_bf16_tflops", c.bf16_tflops}}
+                                  : nlohmann::json(nullptr);
+  j["records"] = nlohmann::json::array();
+  for (const Shape& s : shapes) {
+    nlohmann::json rec = run_shape(s, dev, iters, o.repeats);
+    std::printf("%-8s %-12s b%-4d ctx%-6d q%-5d p%-3d %-4s %10.1f us  %s\n", s.op.c_str(), s.g.name.c_str(), s.batch,
+                s.ctx, s.q_len, s.page_size, rec["kv_dtype"].get<std::string>().c_str(), rec["time_us"].get<double>(),
+                rec.contains("tbps") ? (std::to_string(rec["tbps"].get<double>()) + " TB/s").c_str()
+                                     : (std::to_string(rec["tflops"].get<double>()) + " TFLOP/s").c_str());
+    std::fflush(stdout);
+    j["records"].push_back(std::move(rec));
+  }
+  std::string gpu = j["gpu"].get<std::string>();
+  for (char& ch : gpu) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
+  std::string ymd = date;
+  ymd.erase(std::remove(ymd.begin(), ymd.end(), '-'), ymd.end());
+  const std::string dir = o.out_dir.empty() ? std::string(PAGEDMHA_SOURCE_DIR) + "/bench/results" : o.out_dir;
+  const std::string path = dir + "/" + gpu + "-kernels-" + ymd + ".json";
+  std::ofstream f(path);
+  if (!f) throw_invalid_argument("bench", "--out-dir", "a writable folder", dir);
+  f << j.dump(1) << "\n";
+  std::printf("wrote %s\n", path.c_str());
+  return 0;
+}
+
+}  // namespace pagedmha::tools

@@ -1,0 +1,114 @@
+#include "cli.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "bench/bench.h"
+#include "check/check.h"
+#include "pagedmha/error.h"
+#include "replay/replay.h"
+
+namespace pagedmha::tools {
+namespace {
+
+void add_replay(CLI::App& app, ReplayOptions& o) {
+  CLI::App* c = app.add_subcommand(
+      "replay",
+      "Serve a request trace through the MhaBackend (continuous batching, chunked prefill, paged KV, prefix "
+      "cache, sliding-window cache groups, preemption, optional speculative verify) and report attention "
+      "time, TB/s and TFLOP/s. Every token's q/k/v is a deterministic function of (seed, request, position, "
+      "layer); --check-every recomputes sampled rows with the CPU reference ops. Requests are served as fast "
+      "as the scheduler admits them (arrival times order the queue). CPU defaults are small so the default run "
+      "takes well under 2 minutes on 2 cores: llama3-8b geometry with 2 layers, 8 built-in requests, "
+      "--pages 2048, --token-budget 2048, --max-running 16, --check-every 16. CUDA defaults: llama3-8b "
+      "(32 layers), 1000 built-in requests, --kv-memory 40, --token-budget 8192, --max-running 256, "
+      "--check-every 200.");
+  c->add_option("--trace", o.trace, "Trace file: Azure LLM inference CSV or Mooncake JSONL (default: the built-in "
+                                    "seeded workload shaped like the Azure conversation trace)");
+  c->add_option("--format", o.format, "Trace format: azure | mooncake | auto (auto: '{' first = mooncake)")
+      ->check(CLI::IsMember({"azure", "mooncake", "auto"}));
+  c->add_option("--requests", o.requests, "Use the first N requests of the trace (built-in: generate N) [requests]");
+  c->add_option("--model", o.model, "Attention geometry: llama3-8b | llama3-70b | qwen2.5-7b | gpt-oss-20b | custom");
+  c->add_option("--layers", o.overrides.layers, "Override / custom: layers");
+  c->add_option("--q-heads", o.overrides.q_heads, "Override / custom: query heads Hq");
+  c->add_option("--kv-heads", o.overrides.kv_heads, "Override / custom: KV heads Hkv");
+  c->add_option("--head-dim", o.overrides.head_dim, "Override / custom: head dim D (64, 128, 256)");
+  c->add_option("--window", o.overrides.window, "Override / custom: window_left on every layer [tokens before the "
+                                                "query]; -1 disables (HF sliding_window S = window_left + 1)");
+  c->add_option("--sinks", o.overrides.sinks, "Override / custom: 1 = one sink logit per query head, 0 = none");
+  c->add_option("--tp", o.overrides.tp, "Tensor-parallel ranks: serve one rank's heads (Hq / tp, Hkv / tp or 1)");
+  c->add_option("--device", o.device, "auto | cpu | cuda (auto: the GPU when one is available)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  c->add_option("--kv-dtype", o.kv_dtype, "KV cache dtype: bf16 | fp16 | fp8 (fp8 e4m3, per-layer scale 1/32; "
+                                          "queries bf16)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp8"}));
+  c->add_option("--page-size", o.page_size, "Tokens per page (a divisor of 512 to use the prefix cache)");
+  c->add_option("--pages", o.pages, "Pages per cache group, including the reserved page 0 [pages]");
+  c->add_option("--kv-memory", o.kv_memory_gb, "K/V memory of all layers when --pages is not given [GB = 1e9 bytes]");
+  c->add_option("--token-budget", o.token_budget, "Query tokens per step: decode rows + prefill chunks [tokens]");
+  c->add_option("--max-running", o.max_running, "Requests in flight (batch rows per step) [requests]");
+  c->add_option("--spec-tokens", o.spec_tokens, "Speculative verify: N queries per decode row (1 = off) [tokens]");
+  c->add_option("--accept-rate", o.accept_rate, "Probability each draft token is accepted (seeded) [0..1]");
+  c->add_flag("!--no-prefix-cache", o.prefix_cache, "Disable the prefix cache (Mooncake hash ids)");
+  c->add_flag("!--no-cuda-graphs", o.cuda_graphs, "Run decode steps eagerly on the GPU");
+  c->add_option("--check-every", o.check_every, "Check sampled rows of every K-th step against the CPU reference "
+                                                "ops; 0 = off [steps]");
+  c->add_option("--check-rows", o.check_rows, "Batch rows checked per checked step [rows]");
+  c->add_option("--max-steps", o.max_steps, "Stop after this many steps (-1: run to completion) [steps]");
+  c->add_option("--seed", o.seed, "Seed of the workload, the token data and the acceptance model");
+  c->add_option("--json", o.json, "Write the full report (summary and per-step records) to this file");
+  c->add_flag("!--no-progress", o.progress, "No live progress on stderr");
+  c->add_flag("--quiet", o.quiet, "No final table on stdout");
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"pagedmha: paged-KV multi-head attention - trace replay, benchmarks and self-test"};
+  app.require_subcommand(1);
+  ReplayOptions replay;
+  add_replay(app, replay);
+
+  std::string plot_in, plot_out = "replay.png", plot_script;
+  CLI::App* plot = app.add_subcommand("plot", "Plot a replay report (step latency vs batch tokens, KV pages in use "
+                                              "over time) with scripts/plot_replay.py (Python + matplotlib)");
+  plot->add_option("report", plot_in, "Report written by replay --json")->required();
+  plot->add_option("-o,--output", plot_out, "Image file (PNG)");
+  plot->add_option("--script", plot_script, "Path of plot_replay.py (default: the source tree's scripts/)");
+
+  BenchOptions bench;
+  CLI::App* b = app.add_subcommand("bench", "Kernel micro-benchmarks of PERFORMANCE.md's standard shapes through "
+                                            "the ops; writes JSON (results schema) to --out-dir");
+  add_bench_options(*b, bench);
+  CheckOptions check;
+  CLI::App* k = app.add_subcommand("check", "Self-test: every op on the chosen device against a straightforward "
+                                            "reference on random inputs; non-zero exit on a mismatch");
+  add_check_options(*k, check);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    if (app.got_subcommand("replay")) return replay_main(replay);
+    if (app.got_subcommand("bench")) return bench_main(bench);
+    if (app.got_subcommand("check")) return check_main(check);
+    if (app.got_subcommand("plot")) {
+      const std::string script =
+          plot_script.empty() ? std::string(PAGEDMHA_SOURCE_DIR) + "/scripts/plot_replay.py" : plot_script;
+      const std::string cmd = "python3 '" + script + "' '" + plot_in + "' -o '" + plot_out + "'";
+      const int rc = std::system(cmd.c_str());
+      return rc == 0 ? 0 : 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pagedmha: error: %s\n", e.what());
+    return 1;
+  }
+  return 2;
+}
+
+}  // namespace pagedmha::tools

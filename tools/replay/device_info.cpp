@@ -1,0 +1,32 @@
+// Device names and the ceilings of PERFORMANCE.md, in their own file because they need
+// the CUDA runtime in CUDA builds.
+#include <string>
+
+#include "pagedmha/tensor.h"
+#include "replay/device_info.h"
+
+#if defined(PAGEDMHA_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace pagedmha::tools {
+
+std::string device_name(Device device) {
+  if (device.is_cpu()) return "cpu";
+#if defined(PAGEDMHA_WITH_CUDA)
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device.index) == cudaSuccess) return prop.name;
+#endif
+  return device.str();
+}
+
+DeviceCeilings device_ceilings_of(Device device) {
+  DeviceCeilings c;
+  if (device.is_cpu()) return c;
+  c.gpu = device_name(device);
+  // Measured on the H200 (PERFORMANCE.md): pure read stream 4.6 TB/s, bf16 GEMM ~760 TFLOP/s.
+  if (c.gpu.find("H200") != std::string::npos) c.read_tbps = 4.6, c.copy_tbps = 4.25, c.bf16_tflops = 760.0;
+  return c;
+}
+
+}  // namespace pagedmha::tools

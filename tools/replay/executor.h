@@ -1,0 +1,62 @@
+// The narrow interface between the replay's scheduler and whatever runs attention:
+// one call per step, all layers, KV writes included.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagedmha/tensor.h"
+#include "replay/model.h"
+#include "replay/scheduler.h"
+#include "replay/token_data.h"
+
+namespace pagedmha::tools {
+
+struct ExecutorConfig {
+  ModelSpec model;
+  Device device = Device::cpu();
+  DType kv_dtype = DType::bf16;
+  DType q_dtype = DType::bf16;  // also the output dtype
+  int page_size = 16;
+  int64_t num_pages = 0;        // per cache group, including page 0
+  int context_len = 0;          // longest KV length of any request, tokens
+  int max_tokens = 8192;        // query tokens per step (the token budget)
+  int max_rows = 256;           // rows per step
+  int spec_tokens = 1;          // queries per decode row
+  float k_scale = 1.0f;         // fp8 KV: stored = x / scale
+  float v_scale = 1.0f;
+  uint64_t seed = 0;
+  bool cuda_graphs = true;      // decode steps through CUDA graphs (GPU)
+};
+
+/// Output row `token_row` (index into the step's query tokens) of layer `layer`.
+struct CapturePoint {
+  int64_t token_row = 0;
+  int layer = 0;
+};
+
+class AttentionExecutor {
+ public:
+  virtual ~AttentionExecutor() = default;
+  virtual std::string name() const = 0;
+  /// Runs every layer of `plan`: generates the new tokens' q/k/v (untimed), writes
+  /// K/V into the layer's paged cache and attends (timed). Returns the timed seconds.
+  /// For each capture point, appends the fp32 output row [Hq * D] to `captured`.
+  virtual double run_step(const StepPlan& plan, const std::vector<CapturePoint>& capture,
+                          std::vector<std::vector<float>>* captured) = 0;
+  /// Host seconds of metadata preparation (init_forward_metadata or the graph replay
+  /// preparation) since the last call.
+  virtual double take_metadata_seconds() = 0;
+};
+
+/// Serves the steps through MhaBackend (registry name "pagedmha"): init_forward_metadata,
+/// then per layer forward_extend (extend / mixed steps) or forward_decode (decode and
+/// verify steps), which write K/V and attend. On CUDA, decode steps replay CUDA graphs
+/// captured per padded batch size (config.cuda_graphs).
+std::unique_ptr<AttentionExecutor> make_backend_executor(const ExecutorConfig& config);
+
+
+
+}  // namespace pagedmha::tools

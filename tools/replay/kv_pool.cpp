@@ -1,0 +1,132 @@
+#include "replay/kv_pool.h"
+
+#include <limits>
+#include <string>
+
+#include "pagedmha/error.h"
+#include "replay/trace.h"
+
+namespace pagedmha::tools {
+
+PagePool::PagePool(int64_t num_pages) {
+  if (num_pages < 2 || num_pages > std::numeric_limits<int32_t>::max())
+    throw_invalid_argument("replay", "--pages", "2..2^31-1 pages per cache group (page 0 is reserved)",
+                           std::to_string(num_pages));
+  refcount_.assign(num_pages, 0);
+  refcount_[0] = 1;  // the dummy page is permanently held
+  free_.reserve(num_pages - 1);
+  for (int64_t p = num_pages - 1; p >= 1; --p) free_.push_back(static_cast<int32_t>(p));
+}
+
+int32_t PagePool::allocate() {
+  if (free_.empty()) return 0;
+  const int32_t page = free_.back();
+  free_.pop_back();
+  refcount_[page] = 1;
+  return page;
+}
+
+void PagePool::retain(int32_t page) {
+  if (page <= 0 || page >= num_pages() || refcount_[page] <= 0)
+    throw Error("PagePool::retain: page: expected a held page in [1, " +
+                std::to_string(num_pages()) + "), got " + std::to_string(page));
+  ++refcount_[page];
+}
+
+void PagePool::release(int32_t page) {
+  if (page <= 0 || page >= num_pages() || refcount_[page] <= 0)
+    throw Error("PagePool::release: page: expected a held page in [1, " +
+                std::to_string(num_pages()) + "), got " + std::to_string(page));
+  if (--refcount_[page] == 0) free_.push_back(page);
+}
+
+PrefixCache::PrefixCache(std::vector<PagePool>* pools, int page_size)
+    : pools_(pools), pages_per_block_(page_size > 0 ? kHashBlockTokens / page_size : 0) {
+  if (page_size <= 0 || kHashBlockTokens % page_size != 0)
+    throw_invalid_argument("replay", "--page-size", "a divisor of 512 for the prefix cache",
+                           std::to_string(page_size));
+}
+
+uint64_t PrefixCache::chain_key(uint64_t parent, int64_t hash_id) {
+  // splitmix64 of the pair; 0 is reserved for "no parent".
+  uint64_t x = parent * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(hash_id);
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x == 0 ? 1 : x;
+}
+
+int PrefixCache::match(const std::vector<int64_t>& hash_ids, int max_blocks,
+                       std::vector<std::vector<int32_t>>& pages, int64_t now) {
+  uint64_t key = 0;
+  int blocks = 0;
+  for (; blocks < max_blocks && blocks < static_cast<int>(hash_ids.size()); ++blocks) {
+    key = chain_key(key, hash_ids[blocks]);
+    auto it = nodes_.find(key);
+    if (it == nodes_.end()) break;
+    it->second.last_used = now;
+    for (size_t g = 0; g < pools_->size(); ++g)
+      for (int32_t page : it->second.pages[g]) {
+        (*pools_)[g].retain(page);
+        pages[g].push_back(page);
+      }
+  }
+  return blocks;
+}
+
+bool PrefixCache::insert(const std::vector<int64_t>& hash_ids, int block,
+                         const std::vector<std::vector<int32_t>>& pages, int64_t now) {
+  uint64_t parent = 0;
+  for (int b = 0; b < block; ++b) parent = chain_key(parent, hash_ids[b]);
+  if (block > 0 && !nodes_.count(parent)) return false;
+  const uint64_t key = chain_key(parent, hash_ids[block]);
+  if (nodes_.count(key)) return false;
+  Node n;
+  n.parent = parent;
+  n.last_used = now;
+  n.pages.resize(pools_->size());
+  for (size_t g = 0; g < pools_->size(); ++g) {
+    for (int i = 0; i < pages_per_block_; ++i) {
+      const int32_t page = pages[g].at(static_cast<size_t>(block) * pages_per_block_ + i);
+      (*pools_)[g].retain(page);  // throws for a released (0) page
+      n.pages[g].push_back(page);
+    }
+  }
+  if (block > 0) ++nodes_[parent].children;
+  nodes_.emplace(key, std::move(n));
+  return true;
+}
+
+bool PrefixCache::evictable(const Node& n) const {
+  if (n.children > 0) return false;
+  for (size_t g = 0; g < pools_->size(); ++g)
+    for (int32_t page : n.pages[g])
+      if ((*pools_)[g].refcount(page) != 1) return false;
+  return true;
+}
+
+int64_t PrefixCache::evict(int group, int64_t wanted) {
+  int64_t freed = 0;
+  while (freed < wanted) {
+    auto victim = nodes_.end();
+    for (auto it = nodes_.begin(); it != nodes_.end(); ++it)
+      if (evictable(it->second) && (victim == nodes_.end() || it->second.last_used < victim->second.last_used))
+        victim = it;
+    if (victim == nodes_.end()) break;
+    for (size_t g = 0; g < pools_->size(); ++g)
+      for (int32_t page : victim->second.pages[g]) (*pools_)[g].release(page);
+    freed += static_cast<int64_t>(victim->second.pages[group].size());
+    if (victim->second.parent != 0) --nodes_.at(victim->second.parent).children;
+    nodes_.erase(victim);
+  }
+  return freed;
+}
+
+void PrefixCache::count_references(std::vector<std::vector<int64_t>>& refs) const {
+  for (const auto& [key, n] : nodes_)
+    for (size_t g = 0; g < n.pages.size(); ++g)
+      for (int32_t page : n.pages[g]) ++refs[g][page];
+}
+
+}  // namespace pagedmha::tools

@@ -1,0 +1,81 @@
+// Page pools (one per cache group, page 0 reserved) and the prefix cache keyed by
+// Mooncake-style block hashes.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace pagedmha::tools {
+
+/// Refcounted pages of one cache group. Page 0 is the reserved dummy page: never
+/// handed out, never freed. Pages are shared by reference (prefix cache, requests);
+/// a page returns to the free list when its last reference is released.
+class PagePool {
+ public:
+  /// `num_pages` includes page 0, so `num_pages - 1` pages are usable (>= 1).
+  explicit PagePool(int64_t num_pages);
+
+  int64_t num_pages() const { return static_cast<int64_t>(refcount_.size()); }
+  int64_t capacity() const { return num_pages() - 1; }
+  int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
+  int64_t used_pages() const { return capacity() - free_pages(); }
+  int32_t refcount(int32_t page) const { return refcount_.at(page); }
+
+  /// A free page with refcount 1, or 0 when none is free.
+  int32_t allocate();
+  void retain(int32_t page);
+  /// Drops one reference; throws Error for page 0 or a page that is not held.
+  void release(int32_t page);
+
+ private:
+  std::vector<int32_t> free_;  // stack, lowest ids on top first
+  std::vector<int32_t> refcount_;
+};
+
+/// Cached full prompt blocks (kHashBlockTokens tokens each), keyed by the chain of
+/// leading hash ids, holding one reference on the block's pages in every group.
+/// Entries form prefix-closed chains; eviction takes least recently used leaves
+/// whose pages nobody else references.
+class PrefixCache {
+ public:
+  /// `page_size` must divide kHashBlockTokens.
+  PrefixCache(std::vector<PagePool>* pools, int page_size);
+
+  int pages_per_block() const { return pages_per_block_; }
+  int64_t num_blocks() const { return static_cast<int64_t>(nodes_.size()); }
+
+  /// Number of leading blocks of `hash_ids` in the cache (at most `max_blocks`). For each
+  /// group, appends the matched pages to `pages[g]` and retains them for the caller.
+  int match(const std::vector<int64_t>& hash_ids, int max_blocks,
+            std::vector<std::vector<int32_t>>& pages, int64_t now);
+
+  /// Caches block `block` of `hash_ids` (all earlier blocks must be cached; otherwise,
+  /// or when it is already cached, does nothing and returns false). `pages[g]` is the
+  /// owner's page list of group g; the block's pages are retained.
+  bool insert(const std::vector<int64_t>& hash_ids, int block,
+              const std::vector<std::vector<int32_t>>& pages, int64_t now);
+
+  /// Evicts least recently used unreferenced leaves until group `group` has gained
+  /// `wanted` free pages or nothing is evictable. Returns the pages freed in `group`.
+  int64_t evict(int group, int64_t wanted);
+
+  /// Adds one to refs[g][page] for every page reference the cache holds.
+  void count_references(std::vector<std::vector<int64_t>>& refs) const;
+
+ private:
+  struct Node {
+    uint64_t parent = 0;  // 0: none (first block)
+    int children = 0;
+    int64_t last_used = 0;
+    std::vector<std::vector<int32_t>> pages;  // [group][pages_per_block]
+  };
+  static uint64_t chain_key(uint64_t parent, int64_t hash_id);
+  bool evictable(const Node& n) const;
+
+  std::vector<PagePool>* pools_;
+  int pages_per_block_;
+  std::unordered_map<uint64_t, Node> nodes_;
+};
+
+}  // namespace pagedmha::tools

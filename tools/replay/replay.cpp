@@ -1,0 +1,433 @@
+#include "replay/replay.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "pagedmha/error.h"
+#include "pagedmha/memory.h"
+#include "pagedmha/numeric.h"
+#include "pagedmha/ops.h"
+#include "replay/datagen.h"
+#include "replay/device_info.h"
+#include "replay/executor.h"
+#include "replay/token_data.h"
+#include "replay/trace.h"
+
+namespace pagedmha::tools {
+namespace {
+
+DType parse_kv_dtype(const std::string& s) {
+  if (s == "bf16") return DType::bf16;
+  if (s == "fp16") return DType::fp16;
+  if (s == "fp8") return DType::fp8_e4m3;
+  throw_invalid_argument("replay", "--kv-dtype", "bf16, fp16 or fp8", s);
+}
+
+// fp8 stores x / scale: values in [-1, 1] land in [-32, 32], well inside e4m3's range.
+constexpr float kFp8Scale = 1.0f / 32.0f;
+
+
+// Reference output of one query (request r at position p, KV length p + 1) in `layer`,
+// from K/V regenerated for positions [0, p] into a private CPU cache: independent of the
+// replay's pages, prefix sharing and window release.
+std::vector<float> reference_row(const ModelSpec& m, const Scheduler& sched, int layer, int request, int position,
+                                 DType kv_dtype, DType q_dtype, uint64_t seed) {
+  const int P = 16;
+  const int64_t L = int64_t{position} + 1;
+  const int64_t pages = (L + P - 1) / P;
+  const int Hq = m.num_q_heads, Hkv = m.num_kv_heads, D = m.head_dim;
+  Buffer kc = Buffer::empty({(pages + 1) * P, Hkv, D}, kv_dtype, Device::cpu());
+  Buffer vc = Buffer::empty({(pages + 1) * P, Hkv, D}, kv_dtype, Device::cpu());
+  fill_bytes(kc.data(), Device::cpu(), 0, kc.bytes());
+  fill_bytes(vc.data(), Device::cpu(), 0, vc.bytes());
+  std::vector<TokenRef> toks(L);
+  std::vector<int32_t> slots(L), table(pages);
+  for (int64_t p = 0; p < L; ++p) {
+    toks[p] = {sched.token_stream(request, static_cast<int>(p)), static_cast<int32_t>(p), 0};
+    slots[p] = static_cast<int32_t>(P + p);
+  }
+  for (int64_t c = 0; c < pages; ++c) table[c] = static_cast<int32_t>(c + 1);
+  Buffer k = Buffer::empty({L, Hkv, D}, q_dtype, Device::cpu());
+  Buffer v = Buffer::empty({L, Hkv, D}, q_dtype, Device::cpu());
+  fill_tokens_host(k.view({L, Hkv, D}, q_dtype), toks.data(), L, seed, layer, TokenTensor::k);
+  fill_tokens_host(v.view({L, Hkv, D}, q_dtype), toks.data(), L, seed, layer, TokenTensor::v);
+  const bool fp8 = kv_dtype == DType::fp8_e4m3;
+  const float ks = fp8 ? kFp8Scale : 1.0f, vs = fp8 ? kFp8Scale : 1.0f;
+  const TensorView kcv = kc.view({(pages + 1) * P, Hkv, D}, kv_dtype);
+  const TensorView vcv = vc.view({(pages + 1) * P, Hkv, D}, kv_dtype);
+  append_kv(k.view({L, Hkv, D}, q_dtype), v.view({L, Hkv, D}, q_dtype), kcv, vcv,
+            TensorView(slots.data(), DType::int32, Device::cpu(), {L}), P, ks, vs);
+  Buffer q = Buffer::empty({1, Hq, D}, q_dtype, Device::cpu());
+  const TokenRef qt{sched.token_stream(request, position), position, 0};
+  fill_tokens_host(q.view({1, Hq, D}, q_dtype), &qt, 1, seed, layer, TokenTensor::q);
+  Buffer out = Buffer::empty({1, Hq, D}, q_dtype, Device::cpu());
+  std::vector<float> sinks(Hq);
+  for (int h = 0; h < Hq; ++h) sinks[h] = sink_value(seed, layer, h);
+  AttentionParams params;
+  params.bmm1_scale = ks / std::sqrt(static_cast<float>(D));
+  params.bmm2_scale = vs;
+  params.window_left = m.window_left(layer);
+  if (m.sinks) params.sinks = TensorView(sinks.data(), DType::fp32, Device::cpu(), {Hq});
+  int32_t seq_len = static_cast<int32_t>(L), cu[2] = {0, 1};
+  batch_prefill(q.view({1, Hq, D}, q_dtype), kcv, vcv, TensorView(table.data(), DType::int32, Device::cpu(), {1, pages}),
+                TensorView(&seq_len, DType::int32, Device::cpu(), {1}),
+                TensorView(cu, DType::int32, Device::cpu(), {2}), P, 1, out.view({1, Hq, D}, q_dtype), params);
+  std::vector<float> f(int64_t{Hq} * D);
+  for (size_t i = 0; i < f.size(); ++i)
+    f[i] = q_dtype == DType::bf16 ? bf16_to_float(static_cast<const uint16_t*>(out.data())[i]) : fp16_to_float(static_cast<const uint16_t*>(out.data())[i]);
+  return f;
+}
+
+// Capture points of a checked step: up to `rows` batch rows picked by hash, their first
+// and last queries, in the first layer of each cache group and the last layer.
+std::vector<CapturePoint> pick_checks(const StepPlan& plan, const ModelSpec& m, int rows, uint64_t seed,
+                                      std::vector<std::pair<int, int>>* query_of /* (request, position) */) {
+  std::vector<int> layers;
+  for (size_t g = 0; g < m.groups.size(); ++g)
+    for (int l = 0; l < m.num_layers; ++l)
+      if (m.layer_group[l] == static_cast<int>(g)) {
+        layers.push_back(l);
+        break;
+      }
+  if (std::find(layers.begin(), layers.end(), m.num_layers - 1) == layers.end()) layers.push_back(m.num_layers - 1);
+  std::vector<int64_t> row_start(plan.rows.size() + 1, 0);
+  for (size_t i = 0; i < plan.rows.size(); ++i) row_start[i + 1] = row_start[i] + plan.rows[i].q_len;
+  std::vector<size_t> picked;
+  const size_t want = std::min<size_t>(rows, plan.rows.size());
+  for (uint64_t salt = 0; picked.size() < want; ++salt) {
+    const size_t i = hash_words(seed, 0xC4EC4ull, plan.step, salt) % plan.rows.size();
+    if (std::find(picked.begin(), picked.end(), i) == picked.end()) picked.push_back(i);
+  }
+  std::vector<CapturePoint> points;
+  for (size_t i : picked) {
+    const RowPlan& r = plan.rows[i];
+    std::vector<int> qs = {r.q_len - 1};
+    if (r.q_len > 1) qs.push_back(0);
+    for (int qi : qs)
+      for (int l : layers) {
+        points.push_back({row_start[i] + qi, l});
+        query_of->push_back({r.request, r.prefix_len + qi});
+      }
+  }
+  return points;
+}
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+}  // namespace
+
+Device parse_device(const std::string& name) {
+  if (name == "cpu") return Device::cpu();
+  if (name == "cuda") {
+    if (!cuda_available()) throw_invalid_argument("replay", "--device", "a visible CUDA device (built with CUDA)", "cuda");
+    return Device::cuda(0);
+  }
+  if (name == "auto") return cuda_available() ? Device::cuda(0) : Device::cpu();
+  throw_invalid_argument("replay", "--device", "auto, cpu or cuda", name);
+}
+
+ReplayOptions resolve_replay_defaults(const ReplayOptions& in, Device device) {
+  ReplayOptions o = in;
+  const bool gpu = device.is_cuda();
+  if (o.model.empty()) {
+    o.model = "llama3-8b";
+    if (!gpu && o.overrides.layers < 0) o.overrides.layers = 2;
+  }
+  if (o.requests < 0 && o.trace.empty()) o.requests = gpu ? 1000 : 8;
+  if (o.pages < 0 && o.kv_memory_gb < 0) {
+    if (gpu) o.kv_memory_gb = 40.0;
+    else o.pages = 2048;
+  }
+  if (o.token_budget < 0) o.token_budget = gpu ? 8192 : 2048;
+  if (o.max_running < 0) o.max_running = gpu ? 256 : 16;
+  if (o.check_every < 0) o.check_every = gpu ? 200 : 16;
+  return o;
+}
+
+int64_t visible_pairs(int64_t L, int64_t n, int w) {
+  const int64_t a = std::max<int64_t>(L - n, 0), b = L - 1;  // query positions (n > L: early ones see nothing)
+  if (b < a) return 0;
+  if (w < 0) return (b + 1) * (b + 2) / 2 - a * (a + 1) / 2;
+  // sum over p in [a, b] of min(p + 1, w + 1)
+  int64_t s = 0;
+  const int64_t lo_end = std::min<int64_t>(b, w - 1);
+  if (lo_end >= a) s += (lo_end + 1) * (lo_end + 2) / 2 - a * (a + 1) / 2;
+  const int64_t hi_start = std::max<int64_t>(a, w);
+  if (b >= hi_start) s += (b - hi_start + 1) * (int64_t{w} + 1);
+  return s;
+}
+
+int64_t keys_read(int64_t L, int64_t n, int w) {
+  if (w < 0) return L;
+  return L - std::max<int64_t>(0, L - n - w);
+}
+
+ReplayResult run_replay(const ReplayOptions& given) {
+  const auto wall0 = std::chrono::steady_clock::now();
+  ReplayResult res;
+  res.device = parse_device(given.device);
+  const ReplayOptions o = resolve_replay_defaults(given, res.device);
+  res.options = o;
+  ModelOverrides ov = o.overrides;
+  res.model = make_model(o.model, ov);
+  const ModelSpec& m = res.model;
+  const DType kv_dtype = parse_kv_dtype(o.kv_dtype);
+  const DType q_dtype = kv_dtype == DType::fp16 ? DType::fp16 : DType::bf16;
+
+  std::vector<Request> reqs = o.trace.empty()
+                                  ? default_workload(static_cast<int>(o.requests), o.seed)
+                                  : load_trace(o.trace, parse_trace_format(o.format), o.requests);
+  if (reqs.empty()) throw_invalid_argument("replay", "--trace", "at least one request", o.trace);
+  int context_len = 0;
+  for (const Request& r : reqs) {
+    res.prompt_tokens += r.prompt_len;
+    res.output_tokens += r.output_len;
+    context_len = std::max(context_len, r.prompt_len + r.output_len + o.spec_tokens);
+  }
+  res.requests = static_cast<int64_t>(reqs.size());
+
+  // Pages per group: --pages, or --kv-memory spread over every layer's K and V.
+  const double bytes_per_page_all_layers = double(o.page_size) * m.num_kv_heads * m.head_dim * 2.0 *
+                                           double(dtype_size(kv_dtype)) * m.num_layers;
+  int64_t pages = o.pages;
+  if (pages < 0) pages = static_cast<int64_t>(o.kv_memory_gb * 1e9 / bytes_per_page_all_layers);
+  if (pages < 2)
+    throw_invalid_argument("replay", o.pages >= 0 ? "--pages" : "--kv-memory", "room for at least 2 pages",
+                           std::to_string(pages) + " pages");
+  res.pages_per_group = pages;
+
+  SchedulerConfig sc;
+  sc.page_size = o.page_size;
+  sc.num_pages = pages;
+  sc.token_budget = o.token_budget;
+  sc.max_running = o.max_running;
+  sc.spec_tokens = o.spec_tokens;
+  sc.accept_rate = o.accept_rate;
+  sc.prefix_cache = o.prefix_cache;
+  sc.seed = o.seed;
+  if (o.accept_rate < 0.0 || o.accept_rate > 1.0)
+    throw_invalid_argument("replay", "--accept-rate", "0..1", std::to_string(o.accept_rate));
+  if (o.check_every < 0 || o.check_rows < 1)
+    throw_invalid_argument("replay", "--check-every / --check-rows", ">= 0 / >= 1",
+                           std::to_string(o.check_every) + " / " + std::to_string(o.check_rows));
+  Scheduler sched(m, sc, std::move(reqs));
+
+  ExecutorConfig ec;
+  ec.model = m;
+  ec.device = res.device;
+  ec.kv_dtype = kv_dtype;
+  ec.q_dtype = q_dtype;
+  ec.page_size = o.page_size;
+  ec.num_pages = pages;
+  ec.context_len = context_len;
+  ec.max_tokens = o.token_budget;
+  ec.max_rows = o.max_running;
+  ec.spec_tokens = o.spec_tokens;
+  ec.k_scale = ec.v_scale = kv_dtype == DType::fp8_e4m3 ? kFp8Scale : 1.0f;
+  ec.seed = o.seed;
+  ec.cuda_graphs = o.cuda_graphs;
+  auto exec = make_backend_executor(ec);
+  res.executor = exec->name();
+
+  const double q_bytes = double(dtype_size(q_dtype)), kv_bytes = double(dtype_size(kv_dtype));
+  const double tokens_total = double(res.prompt_tokens + res.output_tokens);
+  while (!sched.done() && (o.max_steps < 0 || static_cast<int64_t>(res.steps.size()) < o.max_steps)) {
+    const StepPlan plan = sched.schedule();
+    const bool check = o.check_every > 0 && plan.step % o.check_every == 0;
+    std::vector<std::pair<int, int>> queries;
+    const std::vector<CapturePoint> points =
+        check ? pick_checks(plan, m, o.check_rows, o.seed, &queries) : std::vector<CapturePoint>{};
+    std::vector<std::vector<float>> got;
+    StepRecord rec;
+    rec.step = plan.step;
+    rec.attention_s = exec->run_step(plan, points, &got);
+    rec.metadata_s = exec->take_metadata_seconds();
+    rec.rows = static_cast<int>(plan.rows.size());
+    rec.extend_rows = plan.num_extend;
+    rec.decode_rows = plan.num_decode();
+    rec.tokens = plan.num_tokens();
+    for (const RowPlan& r : plan.rows) {
+      rec.kv_tokens += r.seq_len;
+      for (int l = 0; l < m.num_layers; ++l) {
+        const int w = m.window_left(l);
+        rec.bytes += double(keys_read(r.seq_len, r.q_len, w)) * m.num_kv_heads * m.head_dim * 2.0 * kv_bytes +
+                     double(r.q_len) * m.num_q_heads * m.head_dim * 2.0 * q_bytes;
+        rec.flops += 4.0 * m.num_q_heads * m.head_dim * double(visible_pairs(r.seq_len, r.q_len, w));
+      }
+    }
+    rec.pages_in_use = sched.used_pages();
+    if (check) {
+      ++res.check.steps_checked;
+      for (size_t i = 0; i < points.size(); ++i) {
+        const std::vector<float> ref = reference_row(m, sched, points[i].layer, queries[i].first, queries[i].second,
+                                                     kv_dtype, q_dtype, o.seed);
+        double num = 0, den = 0;
+        bool finite = true;
+        for (size_t j = 0; j < ref.size(); ++j) {
+          finite &= std::isfinite(got[i][j]);
+          num += (double(got[i][j]) - ref[j]) * (double(got[i][j]) - ref[j]);
+          den += double(ref[j]) * ref[j];
+        }
+        const double rel = std::sqrt(num / std::max(den, 1e-30));
+        ++res.check.rows_checked;
+        res.check.max_rel_err = std::max(res.check.max_rel_err, finite ? rel : INFINITY);
+        // bf16 / fp16 outputs: both sides round once to 8 / 11 mantissa bits.
+        const double tol = q_dtype == DType::bf16 ? 1e-2 : 2e-3;
+        if (!finite || !(rel <= tol)) {
+          res.check.ok = false;
+          res.check.failure = "step " + std::to_string(plan.step) + ", request " + std::to_string(queries[i].first) +
+                              ", position " + std::to_string(queries[i].second) + ", layer " +
+                              std::to_string(points[i].layer) + ": relative L2 error " + fmt("%.3g", rel) +
+                              " > " + fmt("%.0e", tol) + (finite ? "" : " (non-finite output)");
+          break;
+        }
+      }
+    }
+    sched.complete(plan);
+    rec.running = sched.running();
+    rec.waiting = sched.waiting();
+    res.steps.push_back(rec);
+    if (!res.check.ok) break;
+    if (o.progress && (plan.step % 20 == 0 || sched.done())) {
+      const double done_tokens = double(sched.stats().prefill_tokens + sched.stats().generated_tokens);
+      std::fprintf(stderr, "\r[replay] step %lld  finished %lld/%lld  running %lld  waiting %lld  pages %lld  %.1f%%   ",
+                   static_cast<long long>(plan.step), static_cast<long long>(sched.finished()),
+                   static_cast<long long>(res.requests), static_cast<long long>(sched.running()),
+                   static_cast<long long>(sched.waiting()), static_cast<long long>(rec.pages_in_use[0]),
+                   100.0 * std::min(1.0, done_tokens / tokens_total));
+      std::fflush(stderr);
+    }
+  }
+  if (o.progress) std::fprintf(stderr, "\n");
+  sched.check_invariants();
+  res.sched = sched.stats();
+  res.finished = sched.finished();
+  res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return res;
+}
+
+nlohmann::json replay_report_json(const ReplayResult& r) {
+  using nlohmann::json;
+  double att = 0, meta = 0, bytes = 0, flops = 0, dec_att = 0, dec_bytes = 0, ext_att = 0, ext_flops = 0;
+  for (const StepRecord& s : r.steps) {
+    att += s.attention_s, meta += s.metadata_s, bytes += s.bytes, flops += s.flops;
+    if (s.extend_rows == 0) dec_att += s.attention_s, dec_bytes += s.bytes;
+    else ext_att += s.attention_s, ext_flops += s.flops;
+  }
+  const DeviceCeilings c = device_ceilings_of(r.device);
+  const auto rate = [](double x, double t) { return t > 0 ? x / t : 0.0; };
+  const double tbps = rate(bytes, att) / 1e12, tflops = rate(flops, att) / 1e12;
+  const double dec_tbps = rate(dec_bytes, dec_att) / 1e12, ext_tflops = rate(ext_flops, ext_att) / 1e12;
+  const int64_t steps = static_cast<int64_t>(r.steps.size());
+  json j;
+  j["tool"] = "pagedmha replay";
+  j["device"] = r.device.str();
+  j["gpu"] = c.gpu.empty() ? json(nullptr) : json(c.gpu);
+  j["executor"] = r.executor;
+  const ReplayOptions& o = r.options;
+  j["options"] = {{"trace", o.trace.empty() ? "built-in" : o.trace}, {"format", o.format}, {"model", o.model},
+                  {"kv_dtype", o.kv_dtype}, {"page_size", o.page_size}, {"pages_per_group", r.pages_per_group},
+                  {"token_budget", o.token_budget}, {"max_running", o.max_running},
+                  {"spec_tokens", o.spec_tokens}, {"accept_rate", o.accept_rate}, {"prefix_cache", o.prefix_cache},
+                  {"cuda_graphs", o.cuda_graphs}, {"check_every", o.check_every}, {"seed", o.seed}};
+  json groups = json::array();
+  for (const CacheGroupSpec& g : r.model.groups) groups.push_back({{"name", g.name}, {"window_left", g.window_left}});
+  j["model"] = {{"name", r.model.name}, {"layers", r.model.num_layers}, {"q_heads", r.model.num_q_heads},
+                {"kv_heads", r.model.num_kv_heads}, {"head_dim", r.model.head_dim}, {"sinks", r.model.sinks},
+                {"cache_groups", groups}};
+  const SchedulerStats& s = r.sched;
+  j["summary"] = {
+      {"requests", r.requests}, {"finished", r.finished}, {"steps", steps},
+      {"prompt_tokens", r.prompt_tokens}, {"output_tokens", r.output_tokens},
+      {"prefill_tokens_computed", s.prefill_tokens}, {"decode_query_tokens", s.decode_tokens},
+      {"generated_tokens", s.generated_tokens}, {"accepted_draft_tokens", s.accepted_draft_tokens},
+      {"attention_time_s", att}, {"attention_time_per_step_us", steps ? att / steps * 1e6 : 0.0},
+      {"attention_time_per_generated_token_us", s.generated_tokens ? att / s.generated_tokens * 1e6 : 0.0},
+      {"generated_tokens_per_s", rate(double(s.generated_tokens), att)},
+      {"metadata_host_time_per_step_us", steps ? meta / steps * 1e6 : 0.0},
+      {"bytes", bytes}, {"flops", flops}, {"achieved_tbps", tbps}, {"achieved_tflops", tflops},
+      {"decode_steps_tbps", dec_tbps}, {"extend_steps_tflops", ext_tflops},
+      {"ceilings", c.read_tbps > 0 ? json{{"read_tbps", c.read_tbps}, {"gemm_bf16_tflops", c.bf16_tflops}} : json(nullptr)},
+      {"ratio_read_ceiling", c.read_tbps > 0 ? json(tbps / c.read_tbps) : json(nullptr)},
+      {"ratio_decode_read_ceiling", c.read_tbps > 0 ? json(dec_tbps / c.read_tbps) : json(nullptr)},
+      {"ratio_tflops_ceiling", c.bf16_tflops > 0 ? json(tflops / c.bf16_tflops) : json(nullptr)},
+      {"peak_pages", s.peak_pages},
+      {"prefix_hit_rate", s.prefix_lookup_tokens ? double(s.prefix_hit_tokens) / s.prefix_lookup_tokens : 0.0},
+      {"prefix_hit_tokens", s.prefix_hit_tokens}, {"preemptions", s.preemptions},
+      {"wall_time_s", r.wall_s}};
+  j["check"] = {{"steps_checked", r.check.steps_checked}, {"rows_checked", r.check.rows_checked},
+                {"max_rel_err", r.check.max_rel_err}, {"ok", r.check.ok}, {"failure", r.check.failure}};
+  json steps_j = json::array();
+  for (const StepRecord& st : r.steps)
+    steps_j.push_back({{"step", st.step}, {"rows", st.rows}, {"extend_rows", st.extend_rows},
+                       {"decode_rows", st.decode_rows}, {"tokens", st.tokens}, {"kv_tokens", st.kv_tokens},
+                       {"attention_us", st.attention_s * 1e6}, {"metadata_us", st.metadata_s * 1e6},
+                       {"bytes", st.bytes}, {"flops", st.flops}, {"pages_in_use", st.pages_in_use},
+                       {"running", st.running}, {"waiting", st.waiting}});
+  j["steps"] = std::move(steps_j);
+  return j;
+}
+
+std::string replay_summary(const ReplayResult& r) {
+  const nlohmann::json j = replay_report_json(r);
+  const auto& s = j["summary"];
+  std::ostringstream out;
+  auto line = [&](const std::string& k, const std::string& v) {
+    out << "  " << k << std::string(k.size() < 34 ? 34 - k.size() : 1, ' ') << v << "\n";
+  };
+  auto num = [](const nlohmann::json& v, const char* f) { return v.is_null() ? std::string("-") : fmt(f, v.get<double>()); };
+  out << "pagedmha replay: " << r.model.describe() << "\n";
+  line("executor", r.executor);
+  line("requests (finished / total)", std::to_string(r.finished) + " / " + std::to_string(r.requests));
+  line("steps", std::to_string(r.steps.size()));
+  line("prompt / output tokens", std::to_string(r.prompt_tokens) + " / " + std::to_string(r.output_tokens));
+  line("prefill tokens computed", std::to_string(r.sched.prefill_tokens));
+  line("attention time total", num(s["attention_time_s"], "%.4f s"));
+  line("attention time per step", num(s["attention_time_per_step_us"], "%.1f us"));
+  line("attention time per output token", num(s["attention_time_per_generated_token_us"], "%.2f us"));
+  line("metadata host time per step", num(s["metadata_host_time_per_step_us"], "%.1f us"));
+  line("achieved bandwidth (all steps)", num(s["achieved_tbps"], "%.4f TB/s"));
+  line("achieved bandwidth (decode steps)", num(s["decode_steps_tbps"], "%.4f TB/s"));
+  line("achieved compute (all steps)", num(s["achieved_tflops"], "%.4f TFLOP/s"));
+  line("achieved compute (extend steps)", num(s["extend_steps_tflops"], "%.4f TFLOP/s"));
+  line("ratio to read ceiling (decode)", num(s["ratio_decode_read_ceiling"], "%.3f"));
+  line("ratio to bf16 TFLOP/s ceiling", num(s["ratio_tflops_ceiling"], "%.3f"));
+  std::string peaks;
+  for (size_t g = 0; g < r.sched.peak_pages.size(); ++g)
+    peaks += (g ? ", " : "") + r.model.groups[g].name + " " + std::to_string(r.sched.peak_pages[g]);
+  line("peak pages (of " + std::to_string(r.pages_per_group - 1) + ")", peaks);
+  line("prefix-cache hit rate", num(s["prefix_hit_rate"], "%.4f"));
+  line("preemptions", std::to_string(r.sched.preemptions));
+  line("checks (steps / rows, max rel err)",
+       std::to_string(r.check.steps_checked) + " / " + std::to_string(r.check.rows_checked) + ", " +
+           fmt("%.3g", r.check.max_rel_err) + (r.check.ok ? " ok" : " MISMATCH"));
+  line("wall time", fmt("%.2f s", r.wall_s));
+  return out.str();
+}
+
+int replay_main(const ReplayOptions& options) {
+  const ReplayResult r = run_replay(options);
+  if (!options.quiet) std::fputs(replay_summary(r).c_str(), stdout);
+  if (!options.json.empty()) {
+    std::ofstream f(options.json);
+    if (!f) throw_invalid_argument("replay", "--json", "a writable file", options.json);
+    f << replay_report_json(r).dump(1) << "\n";
+  }
+  if (!r.check.ok) {
+    std::fprintf(stderr, "replay: check failed: %s\n", r.check.failure.c_str());
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace pagedmha::tools

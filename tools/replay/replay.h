@@ -1,0 +1,105 @@
+// `pagedmha replay`: serve a request trace through MhaBackend, check sampled steps against
+// the CPU reference ops, and report attention time, bandwidth and FLOP rates.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "pagedmha/tensor.h"
+#include "replay/model.h"
+#include "replay/scheduler.h"
+
+namespace pagedmha::tools {
+
+/// Every option of the subcommand; negative / empty values mean "the device default"
+/// (see resolve_replay_defaults).
+struct ReplayOptions {
+  std::string trace;             // empty: the built-in workload
+  std::string format = "auto";   // azure | mooncake | auto
+  int64_t requests = -1;         // first N requests (built-in: N requests)
+  std::string model = "";        // preset name
+  ModelOverrides overrides;
+  std::string device = "auto";   // auto | cpu | cuda
+  std::string kv_dtype = "bf16"; // bf16 | fp16 | fp8
+  int page_size = 16;            // tokens
+  int64_t pages = -1;            // per cache group (page 0 included)
+  double kv_memory_gb = -1.0;    // GB (1e9 bytes) of K/V over all layers
+  int token_budget = -1;         // query tokens per step
+  int max_running = -1;          // requests per step
+  int spec_tokens = 1;
+  double accept_rate = 0.7;
+  bool prefix_cache = true;
+  bool cuda_graphs = true;
+  int check_every = -1;          // 0: off
+  int check_rows = 2;            // rows checked per checked step
+  int64_t max_steps = -1;        // stop after this many steps
+  uint64_t seed = 1;
+  std::string json;              // report file
+  bool progress = true;
+  bool quiet = false;            // no final table
+};
+
+/// Fills the device-dependent defaults: on CUDA llama3-8b, all requests of a trace (or
+/// 1000 built-in), 40 GB of KV, token budget 8192, 256 running, check every 200 steps;
+/// on the CPU llama3-8b geometry with 2 layers, 8 built-in requests, 2048 pages,
+/// token budget 2048, 16 running, check every 16 steps (sized to finish in well under
+/// 2 minutes on 2 cores with checks on).
+ReplayOptions resolve_replay_defaults(const ReplayOptions& options, Device device);
+
+/// "auto" -> cuda:0 when pagedmha::cuda_available(), else cpu.
+Device parse_device(const std::string& name);
+
+struct StepRecord {
+  int64_t step = 0;
+  int rows = 0, extend_rows = 0, decode_rows = 0;
+  int64_t tokens = 0;       // query tokens
+  int64_t kv_tokens = 0;    // sum of seq_len over rows
+  double attention_s = 0.0; // all layers
+  double metadata_s = 0.0;  // host
+  double bytes = 0.0;       // K/V read for visible keys + Q + O, all layers
+  double flops = 0.0;       // 4 * Hq * D * visible pairs, all layers
+  std::vector<int64_t> pages_in_use;  // per group
+  int64_t running = 0, waiting = 0;
+};
+
+struct CheckStats {
+  int64_t steps_checked = 0;
+  int64_t rows_checked = 0;  // (query row, layer) pairs
+  double max_rel_err = 0.0;
+  bool ok = true;
+  std::string failure;
+};
+
+struct ReplayResult {
+  ReplayOptions options;  // resolved
+  ModelSpec model;
+  Device device;
+  std::string executor;
+  SchedulerStats sched;
+  int64_t requests = 0, finished = 0, prompt_tokens = 0, output_tokens = 0;
+  std::vector<StepRecord> steps;
+  CheckStats check;
+  double wall_s = 0.0;
+  int64_t pages_per_group = 0;
+};
+
+/// Runs the replay; throws Error for bad options or traces. A check mismatch stops the
+/// run and is reported in result.check (ok = false).
+ReplayResult run_replay(const ReplayOptions& options);
+
+/// Visible (query, key) pairs of n queries ending at KV length L with window_left w.
+int64_t visible_pairs(int64_t L, int64_t n, int w);
+/// Distinct keys the n queries read.
+int64_t keys_read(int64_t L, int64_t n, int w);
+
+nlohmann::json replay_report_json(const ReplayResult& result);
+/// The final table (plain text).
+std::string replay_summary(const ReplayResult& result);
+
+/// The whole subcommand: run, print, write --json; returns the exit code.
+int replay_main(const ReplayOptions& options);
+
+}  // namespace pagedmha::tools
