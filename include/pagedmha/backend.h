@@ -7,9 +7,11 @@
 //
 //   pagedmha::BackendConfig cfg;
 //   cfg.page_size = 64; cfg.context_len = 8192; cfg.max_bs = 256;
-//   cfg.device = pagedmha::Device::cuda(0); cfg.stream = stream;
-//   cfg.num_q_heads = 32; cfg.num_kv_heads = 8; cfg.head_dim = 128;  // sizes the workspace
+//   cfg.device = pagedmha::Device::cuda(0); cfg.stream = pagedmha::Stream{cuda_stream};
+//   cfg.num_q_heads = 32; cfg.num_kv_heads = 8; cfg.head_dim = 128;  // the largest layer
 //   auto backend = pagedmha::create_backend("pagedmha", cfg);         // registry.h
+//   // The decode workspace is allocated here from that geometry; without it, call
+//   // backend->register_layers(layer_specs) before the first step.
 //
 //   // Every step (eager):
 //   pagedmha::ForwardBatch fb;
@@ -17,14 +19,17 @@
 //   fb.batch_size = bs; fb.req_pool_indices = rpi; fb.seq_lens = seq_lens;  // int32, device
 //   fb.req_to_page = req_to_page;                                           // int32, device
 //   backend->init_forward_metadata(fb);
-//   for (const auto& layer : layers)   // q, k, v: [T, H*D]; out: [T, Hq*D]
-//     backend->forward_decode(q, k, v, layer, {k_cache[l], v_cache[l]}, out_cache_loc, bs, out);
+//   for (int l = 0; l < num_layers; ++l)  // q: [T, Hq*D]; k, v: [T, Hkv*D]; out: [T, Hq*D]
+//     backend->forward_decode(q, k, v, layer_specs[l], {k_cache[l], v_cache[l]}, out_cache_loc,
+//                             bs, out);  // writes k, v at out_cache_loc, then attends
 //
-//   // CUDA graphs (decode, verify, draft, block draft):
-//   backend->init_cuda_graph_state(max_bs, seq_lens_buf);           // once
-//   backend->init_forward_metadata_capture_cuda_graph(bs, ForwardMode::decode);  // per padded bs,
-//   ... capture the layers' forward_decode calls ...                // before capture begins
-//   backend->init_forward_metadata_replay_cuda_graph(fb);          // every step, then replay
+//   // CUDA graphs (decode, verify, draft, block draft); metadata calls stay outside:
+//   backend->init_cuda_graph_state(max_bs, seq_lens_buf);                        // once
+//   backend->init_forward_metadata_capture_cuda_graph(bs, ForwardMode::decode);  // per padded
+//   ... capture the layers' forward_decode calls ...                             // bs
+//   //   (block draft: fill_block_decode_seq_lens(bs, block_ends) first, inside the graph)
+//   // Every step: write seq_lens_buf, set fb.seq_lens = seq_lens_buf, then
+//   backend->init_forward_metadata_replay_cuda_graph(fb);  // and replay the graph of bs
 //
 // Extend (prefill) steps set extend_seq_lens_cpu (and extend_prefix_lens_cpu for a cached
 // prefix) as host int32 tensors and call forward_extend. Host code never reads a device value.
@@ -66,9 +71,13 @@ struct BackendConfig {
   int spec_num_tokens = 1;  ///< N: speculative tokens per request (1..8; 1 = off).
   bool is_draft = false;    ///< This backend serves the drafter of a speculative pair.
   bool draft_block_decode = false;  ///< Block-diffusion (DFLASH) drafter: N rows per request.
-  /// Decode workspace bytes. 0: sized from the geometry below for max_bs * N rows (0 on CPU).
+  /// Decode workspace bytes the backend allocates up front; must cover
+  /// decode_workspace_size for max_bs requests of this backend's rows (N queries when
+  /// verifying, N rows per request for block draft) and the largest layer. 0: the backend
+  /// sizes it from the geometry below or register_layers (0 bytes on the CPU).
   std::size_t workspace_bytes = 0;
-  /// Largest layer geometry; sizes the workspace when workspace_bytes is 0.
+  /// Largest layer geometry (all 0: none; give it or call register_layers). Sizes the
+  /// workspace when workspace_bytes is 0, else checks it.
   int num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
   /// Cache groups of the "state" family (recurrent layers without KV): dropped everywhere.
   std::vector<std::string> state_cache_groups;
@@ -146,7 +155,8 @@ struct AttentionMetadata {
 class MhaBackend {
  public:
   /// Allocates every persistent buffer (page tables [max_bs * rows, ceil(C / P)], clamp
-  /// buffers, workspace). Errors: invalid config values.
+  /// buffers, workspace). Errors: invalid config values; config.workspace_bytes below the
+  /// need of the config's geometry.
   explicit MhaBackend(const BackendConfig& config);
   MhaBackend(const MhaBackend&) = delete;
   MhaBackend& operator=(const MhaBackend&) = delete;
@@ -156,6 +166,12 @@ class MhaBackend {
   /// Pages per request row: ceil(context_len / page_size).
   int max_num_pages() const { return max_num_pages_; }
   bool support_kv_cache_prewrite() const { return true; }
+
+  /// Declares the model's attention layers before the first step (and before any capture):
+  /// grows the backend-owned decode workspace to the largest need among them, or, with
+  /// config.workspace_bytes set, checks that it suffices. Optional when the config gives
+  /// the largest geometry. Errors: invalid head counts / head dims; workspace_bytes too small.
+  void register_layers(const std::vector<LayerSpec>& layers);
 
   /// Builds the metadata of one eager step (SEMANTICS.md section 3). extend / mixed /
   /// draft_extend: prefill slot (and, for a drafter, the decode slot too); decode /
@@ -231,6 +247,7 @@ class MhaBackend {
   int verify_writes() const { return config_.is_draft ? 1 : config_.spec_num_tokens; }
   std::vector<CacheGroupTable> shed_state_groups(const std::vector<CacheGroupTable>& tables) const;
   void check_batch(const ForwardBatch& batch, int max_bs) const;
+  std::size_t decode_workspace_need(int num_q_heads, int num_kv_heads, int head_dim) const;
   TensorView iota(int64_t n) const;        // 0, 1, ..., n - 1
   TensorView iota_step(int64_t n) const;   // 0, N, 2N, ... (n entries)
   void gather_block_rows(const ForwardBatch& batch, const TensorView& out) const;

@@ -1,7 +1,8 @@
 """pagedmha ops as PyTorch custom ops (``torch.ops.pagedmha.*``).
 
-Each op is a ``torch.library.custom_op`` that writes its outputs in place (they are listed
-in ``mutates_args``) and returns None, with a fake (meta) implementation, so it can be
+Each function is (or, for the attention ops, calls with every argument filled in) a
+``torch.library.custom_op`` that writes its outputs in place (they are listed in
+``mutates_args``) and returns None, with a fake (meta) implementation, so it can be
 called from a model compiled with ``torch.compile`` (the ops are opaque to Dynamo and
 functionalized by Inductor) and captured in a ``torch.cuda.CUDAGraph``: an op issues its
 work on ``torch.cuda.current_stream()``, never synchronises and never allocates.
@@ -46,19 +47,20 @@ def append_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                   k_scale, v_scale, stream=_stream(k_cache))
 
 
-@torch.library.custom_op("pagedmha::batch_decode", mutates_args=("out", "lse", "workspace"))
-def batch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
-                 q_len_per_req: int, out: torch.Tensor, bmm1_scale: float = 1.0,
-                 bmm2_scale: float = 1.0, window_left: int = -1, logits_soft_cap: float = 0.0,
-                 sinks: Optional[torch.Tensor] = None, num_splits: int = 0,
-                 lse: Optional[torch.Tensor] = None,
-                 workspace: Optional[torch.Tensor] = None) -> None:
-    """Decode / verify attention into out (and lse) (see pagedmha.batch_decode).
+# The attention ops take their optional mutated outputs (lse, workspace) as required
+# arguments, and the public functions below supply the defaults: the dispatcher drops
+# trailing arguments equal to their schema default before calling the Python kernels, and
+# torch's ADInplaceOrView shim then indexes a mutated argument that is not there
+# (IndexError; pytorch/pytorch#176078) instead of reaching the op.
 
-    workspace: uint8, at least pagedmha.decode_workspace_size(q.device, ...) bytes (None on
-    the CPU); scratch the kernel writes (hence listed as mutated), shareable by all layers.
-    """
+
+@torch.library.custom_op("pagedmha::batch_decode", mutates_args=("out", "lse", "workspace"))
+def _batch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
+                  q_len_per_req: int, out: torch.Tensor, lse: Optional[torch.Tensor],
+                  workspace: Optional[torch.Tensor], bmm1_scale: float = 1.0,
+                  bmm2_scale: float = 1.0, window_left: int = -1, logits_soft_cap: float = 0.0,
+                  sinks: Optional[torch.Tensor] = None, num_splits: int = 0) -> None:
     _pm.batch_decode(q, k_cache, v_cache, page_table, seq_lens,
                      page_size, q_len_per_req, out, bmm1_scale=bmm1_scale,
                      bmm2_scale=bmm2_scale, window_left=window_left,
@@ -66,19 +68,49 @@ def batch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      lse=lse, workspace=workspace, stream=_stream(q))
 
 
+def batch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
+                 q_len_per_req: int, out: torch.Tensor, bmm1_scale: float = 1.0,
+                 bmm2_scale: float = 1.0, window_left: int = -1, logits_soft_cap: float = 0.0,
+                 sinks: Optional[torch.Tensor] = None, num_splits: int = 0,
+                 lse: Optional[torch.Tensor] = None,
+                 workspace: Optional[torch.Tensor] = None) -> None:
+    """Decode / verify attention into out (and lse) (see pagedmha.batch_decode); calls
+    ``torch.ops.pagedmha.batch_decode``.
+
+    workspace: uint8, at least pagedmha.decode_workspace_size(q.device, ...) bytes (None on
+    the CPU); scratch the kernel writes (hence listed as mutated), shareable by all layers.
+    """
+    _batch_decode(q, k_cache, v_cache, page_table, seq_lens, page_size, q_len_per_req, out,
+                  lse, workspace, bmm1_scale, bmm2_scale, window_left, logits_soft_cap, sinks,
+                  num_splits)
+
+
 @torch.library.custom_op("pagedmha::batch_prefill", mutates_args=("out", "lse"))
+def _batch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   page_table: torch.Tensor, seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                   page_size: int, max_q_len: int, out: torch.Tensor,
+                   lse: Optional[torch.Tensor], bmm1_scale: float = 1.0,
+                   bmm2_scale: float = 1.0, window_left: int = -1, logits_soft_cap: float = 0.0,
+                   sinks: Optional[torch.Tensor] = None, causal: bool = True) -> None:
+    _pm.batch_prefill(q, k_cache, v_cache, page_table, seq_lens,
+                      cu_seqlens_q, page_size, max_q_len, out, bmm1_scale=bmm1_scale,
+                      bmm2_scale=bmm2_scale, window_left=window_left,
+                      logits_soft_cap=logits_soft_cap, sinks=sinks, causal=causal,
+                      lse=lse, stream=_stream(q))
+
+
 def batch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   page_table: torch.Tensor, seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor,
                   page_size: int, max_q_len: int, out: torch.Tensor, bmm1_scale: float = 1.0,
                   bmm2_scale: float = 1.0, window_left: int = -1, logits_soft_cap: float = 0.0,
                   sinks: Optional[torch.Tensor] = None, causal: bool = True,
                   lse: Optional[torch.Tensor] = None) -> None:
-    """Prefill / extend attention into out (and lse) (see pagedmha.batch_prefill)."""
-    _pm.batch_prefill(q, k_cache, v_cache, page_table, seq_lens,
-                      cu_seqlens_q, page_size, max_q_len, out, bmm1_scale=bmm1_scale,
-                      bmm2_scale=bmm2_scale, window_left=window_left,
-                      logits_soft_cap=logits_soft_cap, sinks=sinks, causal=causal,
-                      lse=lse, stream=_stream(q))
+    """Prefill / extend attention into out (and lse) (see pagedmha.batch_prefill); calls
+    ``torch.ops.pagedmha.batch_prefill``."""
+    _batch_prefill(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, page_size,
+                   max_q_len, out, lse, bmm1_scale, bmm2_scale, window_left, logits_soft_cap,
+                   sinks, causal)
 
 
 @torch.library.custom_op("pagedmha::gather_page_table_with_padding", mutates_args=("out",))
@@ -142,17 +174,17 @@ def _(k, v, k_cache, v_cache, out_cache_loc, page_size, k_scale=1.0, v_scale=1.0
             out_cache_loc.dtype)
 
 
-@batch_decode.register_fake
-def _(q, k_cache, v_cache, page_table, seq_lens, page_size, q_len_per_req, out, bmm1_scale=1.0,
-      bmm2_scale=1.0, window_left=-1, logits_soft_cap=0.0, sinks=None, num_splits=0, lse=None,
-      workspace=None):
+@_batch_decode.register_fake
+def _(q, k_cache, v_cache, page_table, seq_lens, page_size, q_len_per_req, out, lse, workspace,
+      bmm1_scale=1.0, bmm2_scale=1.0, window_left=-1, logits_soft_cap=0.0, sinks=None,
+      num_splits=0):
     _fake_attention("batch_decode", q, out, lse)
 
 
-@batch_prefill.register_fake
-def _(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, page_size, max_q_len, out,
+@_batch_prefill.register_fake
+def _(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, page_size, max_q_len, out, lse,
       bmm1_scale=1.0, bmm2_scale=1.0, window_left=-1, logits_soft_cap=0.0, sinks=None,
-      causal=True, lse=None):
+      causal=True):
     _fake_attention("batch_prefill", q, out, lse)
 
 

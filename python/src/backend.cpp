@@ -128,6 +128,12 @@ class PyBackend {
     return export_view(t, loc, self);
   }
 
+  void register_layers(const std::vector<PyLayerSpec>& layers) {
+    std::vector<LayerSpec> specs;
+    for (const PyLayerSpec& l : layers) specs.push_back(l.view("register_layers"));
+    impl_->register_layers(specs);
+  }
+
   void init_cuda_graph_state(int max_bs, const ArrayArg& seq_lens_buf,
                              const std::vector<std::string>& cache_group_ids,
                              std::optional<std::uintptr_t> stream) {
@@ -204,7 +210,8 @@ Config (keyword arguments, fixed for the backend's lifetime):
     max_bs: most requests in one step. device: "cpu" or "cuda:N".
     spec_num_tokens: speculative tokens per request N (1: off). is_draft: drafter backend.
     draft_block_decode: block-diffusion (DFLASH) drafter. workspace_bytes: decode workspace
-    (0: sized from num_q_heads, num_kv_heads, head_dim). state_cache_groups: recurrent cache
+    (0: sized from num_q_heads, num_kv_heads, head_dim of the largest layer, or by
+    register_layers). state_cache_groups: recurrent cache
     groups to ignore. stream: cudaStream_t as int for the backend's ops (set_stream changes it).
 
 Raises:
@@ -316,6 +323,11 @@ void bind_backend(nb::module_& m) {
       .def("support_kv_cache_prewrite", [](PyBackend& b) { return b.get().support_kv_cache_prewrite(); })
       .def("set_stream", [](PyBackend& b, std::uintptr_t s) { b.set_stream(s); }, arg("stream"),
            "Issues the backend's later ops on this cudaStream_t (an int).")
+      .def("register_layers", &PyBackend::register_layers, arg("layers"),
+           "Declares the model's LayerSpecs before the first step (and any capture): grows the\n"
+           "backend-owned decode workspace to the largest need among them, or checks a given\n"
+           "workspace_bytes. Optional when the config gives the largest geometry.\n\n"
+           "Raises:\n    pagedmha.Error: invalid head counts / head dims; workspace_bytes too small.")
       .def("init_forward_metadata", &PyBackend::init_forward_metadata, arg("forward_batch"),
            nb::kw_only(), arg("stream").none() = nb::none(),
            "Builds the metadata of one eager step (SEMANTICS.md section 3) on the device. The\n"

@@ -138,12 +138,47 @@ MhaBackend::MhaBackend(const BackendConfig& config) : config_(config) {
   ext_meta_buf_ = zeros(3 * int64_t{c.max_bs} + 2, dev, s);
   ext_meta_host_.resize(3 * static_cast<std::size_t>(c.max_bs) + 2);
 
-  std::size_t ws = c.workspace_bytes;
-  if (ws == 0 && c.num_q_heads > 0 && c.num_kv_heads > 0 && c.head_dim > 0) {
-    ws = std::max(decode_workspace_size(dev, max_rows_, 1, c.num_q_heads, c.num_kv_heads, c.head_dim),
-                  decode_workspace_size(dev, c.max_bs, N, c.num_q_heads, c.num_kv_heads, c.head_dim));
+  // Decode workspace: the engine's, or sized here for the config's layer geometry (and
+  // grown by register_layers), always before any capture.
+  if (c.workspace_bytes > 0) workspace_ = Buffer(c.workspace_bytes, dev);
+  if (c.num_q_heads != 0 || c.num_kv_heads != 0 || c.head_dim != 0) {
+    LayerSpec largest;
+    largest.num_q_heads = c.num_q_heads, largest.num_kv_heads = c.num_kv_heads, largest.head_dim = c.head_dim;
+    register_layers({largest});
   }
-  if (ws > 0) workspace_ = Buffer(ws, dev);
+}
+
+// The most workspace any decode-kernel call of this backend can ask for with this geometry:
+// block draft max_bs * N rows of one query, else max_bs requests of 1 (decode, drafter) or
+// N (verify) queries. The maximum over every smaller batch too, since a split heuristic may
+// give a small batch more splits than a large one; this runs once per geometry.
+std::size_t MhaBackend::decode_workspace_need(int num_q_heads, int num_kv_heads, int head_dim) const {
+  const Device dev = config_.device;
+  const int N = config_.spec_num_tokens;
+  std::size_t need = 0;
+  for (int64_t b = 1; b <= max_rows_; ++b) {
+    need = std::max(need, decode_workspace_size(dev, b, 1, num_q_heads, num_kv_heads, head_dim));
+  }
+  if (N > 1 && !block_draft()) {
+    for (int64_t b = 1; b <= config_.max_bs; ++b) {
+      need = std::max(need, decode_workspace_size(dev, b, N, num_q_heads, num_kv_heads, head_dim));
+    }
+  }
+  return need;
+}
+
+void MhaBackend::register_layers(const std::vector<LayerSpec>& layers) {
+  std::size_t need = 0;
+  for (const LayerSpec& l : layers) {
+    need = std::max(need, decode_workspace_need(l.num_q_heads, l.num_kv_heads, l.head_dim));
+  }
+  if (need <= workspace_.bytes()) return;
+  if (config_.workspace_bytes > 0) {
+    fail("config.workspace_bytes", ">= " + std::to_string(need) + " (decode_workspace_size for max_bs " +
+         str(config_.max_bs) + " and the largest layer; 0 lets the backend size it)",
+         std::to_string(config_.workspace_bytes));
+  }
+  workspace_ = Buffer(need, config_.device);
 }
 
 // ---------------------------------------------------------------------------------
@@ -481,9 +516,14 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
                   md.max_seq_len_q, out3, params, {}, s);
   } else {
     const std::size_t need = decode_workspace_size(config_.device, md.batch, md.max_seq_len_q, Hq, Hkv, D);
-    if (need > workspace_.bytes()) {
-      fail("config.workspace_bytes", ">= " + std::to_string(need) + " for this layer's decode",
-           std::to_string(workspace_.bytes()));
+    if (need > workspace_.bytes()) {  // never allocated here: this may run under graph capture
+      const std::string geometry = "Hq " + str(Hq) + ", Hkv " + str(Hkv) + ", D " + str(D);
+      if (config_.workspace_bytes > 0) {
+        fail("config.workspace_bytes", ">= " + std::to_string(need) + " for this layer's decode (" + geometry + ")",
+             std::to_string(config_.workspace_bytes));
+      }
+      fail("layer", "a geometry the decode workspace was sized for (config.num_q_heads / num_kv_heads / "
+           "head_dim, or register_layers before the first step)", geometry);
     }
     batch_decode(q3, kv.k_cache, kv.v_cache, table, md.cache_seqlens, config_.page_size, md.max_seq_len_q, out3,
                  params, {}, need > 0 ? workspace_.bytes_view() : TensorView{}, s);

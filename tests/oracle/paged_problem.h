@@ -232,8 +232,9 @@ inline PagedKv make_paged_kv(CacheLayout layout, int64_t num_pages, int P, int H
 
 enum class SinkMode { none, mixed, extreme, custom };
 /// contiguous; a slice of a fused QKV buffer (q, out: padded head dim); a transposed
-/// view of a head-major buffer; size-1 dims with stride 0.
-enum class RowLayout { contiguous, fused, transposed, degenerate };
+/// view of a head-major buffer; size-1 dims with stride 0; rows AttnCase::row_pad
+/// elements longer than H * D (the last row's padding included in the storage).
+enum class RowLayout { contiguous, fused, transposed, degenerate, padded };
 
 struct AttnCase {
   std::string name = "case";
@@ -252,6 +253,7 @@ struct AttnCase {
   bool with_lse = true;
   CacheLayout layout = CacheLayout::nhd3;
   RowLayout q_layout = RowLayout::contiguous, out_layout = RowLayout::contiguous;
+  int row_pad = 0;  // RowLayout::padded: elements past H * D in each row
   bool release_window_pages = true;  // table entries of pages wholly before the window -> 0
   int spare_pages = 3;
   int extra_cols = 2;
@@ -314,12 +316,12 @@ struct AttnProblem {
   AttnViews host_views() const {
     return views([](const HostTensor& t) { return static_cast<void*>(t.base()); }, Device::cpu());
   }
-  /// Decoded query values of request b: [n, Hq, D].
-  std::vector<double> q_values(int b) const {
-    std::vector<double> r(static_cast<size_t>(q_lens[b]) * c.Hq * c.D);
-    for (int i = 0; i < q_lens[b]; ++i)
+  /// Decoded query values of rows [row, row + n): [n, Hq, D].
+  std::vector<double> q_values(int row, int n) const {
+    std::vector<double> r(static_cast<size_t>(n) * c.Hq * c.D);
+    for (int i = 0; i < n; ++i)
       for (int h = 0; h < c.Hq; ++h)
-        for (int d = 0; d < c.D; ++d) r[(static_cast<size_t>(i) * c.Hq + h) * c.D + d] = q.get({q_start[b] + i, h, d});
+        for (int d = 0; d < c.D; ++d) r[(static_cast<size_t>(i) * c.Hq + h) * c.D + d] = q.get({row + i, h, d});
     return r;
   }
   /// Reads K/V of request b back from the cache (what the op sees), [L, Hkv, D].
@@ -354,26 +356,45 @@ struct AttnProblem {
     r.lse.assign(static_cast<size_t>(rows) * c.Hq, 0);
     r.visible.assign(static_cast<size_t>(rows) * c.Hq, 0);
     const auto s = spec();
-    std::vector<double> kc, vc;
+    std::vector<std::vector<double>> kc(from_cache ? batch : 0), vc(kc.size());
+#pragma omp parallel for schedule(dynamic)
+    for (int b = 0; b < static_cast<int>(kc.size()); ++b) kv_values(b, kc[b], vc[b]);
+    // Work items of up to 16 queries. Query i of n sits at position L - n + i; a causal
+    // chunk [i0, i1) sees no key past L - n + i1 - 1, so the oracle runs it exactly on
+    // that key prefix (then its positions come out the same). Non-causal: whole requests.
+    struct Chunk {
+      int b, i0, i1;
+    };
+    std::vector<Chunk> chunks;
     for (int b = 0; b < batch; ++b) {
-      const std::vector<double> qv = q_values(b);
-      if (from_cache) kv_values(b, kc, vc);
-      const auto& kk = from_cache ? kc : k_log[b];
-      const auto& vv = from_cache ? vc : v_log[b];
-      oracle::attention(s, q_lens[b], c.kv_lens[b], qv.data(), kk.data(), vv.data(), r.o.data() + q_start[b] * hd,
-                        r.lse.data() + static_cast<size_t>(q_start[b]) * c.Hq,
-                        r.visible.data() + static_cast<size_t>(q_start[b]) * c.Hq);
+      const int step = c.causal ? 16 : std::max(q_lens[b], 1);
+      for (int i0 = 0; i0 < q_lens[b]; i0 += step) chunks.push_back({b, i0, std::min(q_lens[b], i0 + step)});
+    }
+#pragma omp parallel for schedule(dynamic)
+    for (int t = 0; t < static_cast<int>(chunks.size()); ++t) {
+      const Chunk ch = chunks[t];
+      const int n = q_lens[ch.b], L = c.kv_lens[ch.b];
+      const int keys = c.causal ? std::clamp(L - n + ch.i1, 0, L) : L;  // <= 0: no query sees a key
+      const size_t row = static_cast<size_t>(q_start[ch.b] + ch.i0);
+      const std::vector<double> qv = q_values(static_cast<int>(row), ch.i1 - ch.i0);
+      const auto& kk = from_cache ? kc[ch.b] : k_log[ch.b];
+      const auto& vv = from_cache ? vc[ch.b] : v_log[ch.b];
+      oracle::attention(s, ch.i1 - ch.i0, keys, qv.data(), kk.data(), vv.data(), r.o.data() + row * hd,
+                        r.lse.data() + row * c.Hq, r.visible.data() + row * c.Hq);
     }
     return r;
   }
 };
 
-/// [rows, H, D] tensor with a row layout (q, or out), poisoned.
-inline HostTensor make_rows(DType t, int rows, int H, int D, RowLayout layout, int extra_heads) {
+/// [rows, H, D] tensor with a row layout (q, or out), poisoned. Rows of the fused
+/// layout carry `extra_heads` more heads, those of the padded layout `row_pad` elements.
+inline HostTensor make_rows(DType t, int rows, int H, int D, RowLayout layout, int extra_heads, int row_pad) {
   switch (layout) {
     case RowLayout::contiguous: return make_tensor(t, {rows, H, D});
-    case RowLayout::fused: {
-      const int64_t width = static_cast<int64_t>(H + extra_heads) * D;
+    case RowLayout::fused:
+    case RowLayout::padded: {
+      const int64_t width = static_cast<int64_t>(H) * D +
+                            (layout == RowLayout::fused ? static_cast<int64_t>(extra_heads) * D : row_pad);
       return make_tensor(t, {rows, H, D}, {width, D, 1}, std::max<int64_t>(rows, 1) * width);
     }
     case RowLayout::transposed:
@@ -478,12 +499,12 @@ inline AttnProblem build(const AttnCase& c) {
   }
 
   const DType out_dtype = c.q_dtype == DType::fp8_e4m3 ? DType::bf16 : c.q_dtype;
-  p.q = make_rows(c.q_dtype, p.rows, c.Hq, c.D, c.q_layout, 2 * c.Hkv);
+  p.q = make_rows(c.q_dtype, p.rows, c.Hq, c.D, c.q_layout, 2 * c.Hkv, c.row_pad);
   const oracle::Format qf = format_of(c.q_dtype);
   for (int r = 0; r < p.rows; ++r)
     for (int h = 0; h < c.Hq; ++h)
       for (int d = 0; d < c.D; ++d) oracle::store(qf, normal(rng) / c.q_scale, p.q.at({r, h, d}));
-  p.out = make_rows(out_dtype, p.rows, c.Hq, c.D, c.out_layout, 1);
+  p.out = make_rows(out_dtype, p.rows, c.Hq, c.D, c.out_layout, 1, c.row_pad);
   p.lse = make_tensor(DType::fp32, {p.rows, c.Hq});
   std::vector<int32_t> lens(c.kv_lens.begin(), c.kv_lens.end());
   p.seq_lens = make_int32(lens);

@@ -120,6 +120,30 @@ inline ::testing::AssertionResult check_attention(const AttnProblem& p, const Re
   return check_attention(p, ref, Tolerance::for_output(p.out.dtype));
 }
 
+/// `p` sharing its inputs, with new poisoned out and lse of the same layouts: for a
+/// second run of the same problem.
+inline AttnProblem with_new_outputs(const AttnProblem& p) {
+  AttnProblem r = p;
+  for (HostTensor* t : {&r.out, &r.lse}) {
+    t->storage = std::make_shared<std::vector<uint8_t>>(t->storage->size());
+    fill_poison(*t->storage, t->dtype);
+  }
+  return r;
+}
+
+/// After a test edits the page table or the lengths: sets c.kv_lens to `kv_lens`,
+/// gives seq_lens a new storage holding them and re-derives every slot from the
+/// table, so that reference(/*from_cache=*/true) reads exactly what the op reads.
+inline void follow_table(AttnProblem& p, const std::vector<int>& kv_lens) {
+  p.c.kv_lens = kv_lens;
+  p.seq_lens = make_int32(std::vector<int32_t>(kv_lens.begin(), kv_lens.end()));
+  for (int b = 0; b < p.batch; ++b) {
+    const int32_t* row = p.page_table.typed<int32_t>() + static_cast<int64_t>(b) * p.cols;
+    p.slots[b].resize(kv_lens[b]);
+    for (int j = 0; j < kv_lens[b]; ++j) p.slots[b][j] = oracle::slot_of(row, j, p.c.page_size);
+  }
+}
+
 /// Bitwise comparison of two (row, head) ranges of outputs (and lse when present).
 inline ::testing::AssertionResult same_bits(const HostTensor& a, int a_row, const HostTensor& b, int b_row, int rows) {
   const int H = static_cast<int>(a.shape[1]), D = static_cast<int>(a.shape[2]);

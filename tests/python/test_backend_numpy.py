@@ -96,3 +96,15 @@ def test_backend_bad_batch_size(rng):
                             req_to_page=req_to_page)
     with pytest.raises(pm.Error, match=r"batch_size: expected 0\.\.2 \(max_bs\), got 3$"):
         backend.init_forward_metadata(batch)
+
+
+def test_backend_register_layers_validates_geometry():
+    backend = pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, max_bs=MAX_BS)
+    ok = pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, scaling=1.0)
+    bad = pm.LayerSpec(layer_id=1, num_q_heads=HQ, num_kv_heads=HKV, head_dim=96, scaling=1.0)
+    backend.register_layers([ok])
+    with pytest.raises(pm.Error, match=r"head_dim: .*96"):
+        backend.register_layers([ok, bad])
+    with pytest.raises(pm.Error, match=r"num_q_heads: expected a positive multiple of num_kv_heads 2, got 3"):
+        pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, num_q_heads=3,
+                          num_kv_heads=2, head_dim=D)

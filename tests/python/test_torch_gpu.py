@@ -144,8 +144,8 @@ def test_batch_decode_fp8_cache():
     assert_close(out, ref)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_batch_prefill(causal):
+@pytest.mark.parametrize("causal,with_lse", [(True, True), (False, True), (True, False)])
+def test_batch_prefill(causal, with_lse):
     hq, hkv, d, page_size = 4, 4, 64, 16
     q_lens, prefix = [33, 1, 0, 70], [10, 0, 5, 64]
     seq_lens = [a + b for a, b in zip(q_lens, prefix)]
@@ -153,14 +153,16 @@ def test_batch_prefill(causal):
     cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32, device=DEV)
     q = randn((int(cu[-1]), hq, d), 8, torch.float16)
     out = torch.full_like(q, math.nan)
-    lse = torch.full(q.shape[:2], math.nan, device=DEV)
+    # Omitting lse (a mutated optional output) must reach the op (pytorch#176078).
+    lse = torch.full(q.shape[:2], math.nan, device=DEV) if with_lse else None
     pmt.batch_prefill(q, pg.k, pg.v, pg.page_table, pg.seq_lens, cu, page_size, max(q_lens), out,
                       bmm1_scale=d ** -0.5, causal=causal, lse=lse)
     rows = [(int(cu[b]), q_lens[b]) for b in range(len(q_lens))]
     ref, ref_lse = ref_attention(q, pg.k, pg.v, pg.page_table, pg.seq_lens, rows, page_size,
                                  bmm1_scale=d ** -0.5, causal=causal)
     assert_close(out, ref)
-    assert_lse(lse, ref_lse)
+    if with_lse:
+        assert_lse(lse, ref_lse)
 
 
 def test_append_kv_and_metadata_ops():
@@ -208,6 +210,7 @@ def test_append_kv_and_metadata_ops():
 
 
 def test_error_from_cuda_op():
+    """The library's error arrives through the custom op, lse and workspace omitted."""
     q = randn((2, 4, 96), 30)
     with pytest.raises(pm.Error, match=r"^batch_decode: .*96"):
         pmt.batch_decode(q, q, q, torch.zeros((2, 1), dtype=torch.int32, device=DEV),
@@ -348,6 +351,7 @@ def test_opcheck_decode():
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], device=DEV)
     ws = torch.empty(pm.decode_workspace_size(DEV, 2, 1, hq, hkv, d), dtype=torch.uint8, device=DEV)
-    torch.library.opcheck(pmt.batch_decode, (q, pg.k, pg.v, pg.page_table, pg.seq_lens, page_size,
-                                             1, out), dict(bmm1_scale=0.1, lse=lse, workspace=ws),
+    op = torch.ops.pagedmha.batch_decode.default  # the registered op under pmt.batch_decode
+    torch.library.opcheck(op, (q, pg.k, pg.v, pg.page_table, pg.seq_lens, page_size, 1, out),
+                          dict(bmm1_scale=0.1, lse=lse, workspace=ws),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))

@@ -5,6 +5,7 @@ namespace pagedmha::cuda {
 AttentionArgs make_attention_args(const detail::AttentionProblem& p) {
   AttentionArgs a{};
   a.q = p.q;
+  a.q_fp8 = p.q_dtype == DType::fp8_e4m3;
   a.q_row_stride = p.q_row_stride;
   a.q_head_stride = p.q_head_stride;
   a.out = p.out;

@@ -42,11 +42,15 @@ struct AttentionArgs {
   int window_left;     // -1: no window
   bool causal;
 
-  // Split-KV (decode): grid extent, forced count (0: chosen from L), tile size the
-  // split count is computed in, and the partial results.
-  int max_splits, forced_splits, split_tile;
-  float* ws_o;    // [rows * Hq, max_splits, D]
-  float* ws_lse;  // [rows * Hq, max_splits], log2 units
+  // Split-KV (decode, src/cuda/decode): forced count (0: from the live length), tile
+  // size the key range is split in, row chunks per KV head, the device-side work plan
+  // and the partial results (all in the caller's workspace).
+  int forced_splits, split_tile, row_chunks;
+  int32_t* work_prefix;  // [batch + 1]: exclusive prefix of work items per request
+  float* ws_o;           // [rows * Hq, kMaxSplits, D], unnormalised
+  float2* ws_ml;         // [rows * Hq, kMaxSplits]: (m, l) in log2 units
+
+  bool q_fp8;  // q is fp8 e4m3 (only with an fp8 cache): converted to T when loaded
 };
 
 /// One query row of a CTA's tile: which (token row, head) it is and its visible keys

@@ -3,8 +3,10 @@
 // (cp.async, multi-stage), computing S = Q K^T and O += P V on tensor cores
 // (mma.sync m16n8k16) with an online softmax in registers.
 //
-// Warp layout: WM warps split the M rows (16 each), WN = 4 / WM warps split each KV
-// tile's keys (KW each). Prefill uses WM = 4 (64 rows, every warp sees every key);
+// Warp layout: WM warps split the M rows (16 * MT each: MT m16 tiles per warp, so each
+// K / V fragment read from shared memory feeds MT mmas), WN = 4 / WM warps split each KV
+// tile's keys (KW each). Prefill uses WM = 4 and MT = 2 for D <= 128 (128 rows, every
+// warp sees every key);
 // decode packs a KV head's G * n query rows into 16 rows and uses WN = 4, so four warps
 // stream disjoint keys and merge (m, l, O) through shared memory at the end.
 // The kernels differ only in how they map rows and pick the KV tile range.
@@ -17,13 +19,14 @@
 
 #include "cuda/common/attention_args.cuh"
 #include "cuda/common/convert.cuh"
+#include "cuda/common/fp8_fragments.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/paged_loader.cuh"
 
 namespace pagedmha::cuda {
 
-template <int D_, class T_, class KV_, int WM_>
+template <int D_, class T_, class KV_, int WM_, int MT_ = 1>
 struct AttentionTraits {
   static constexpr int D = D_;
   using T = T_;    // query / output / mma operand type (bf16 or fp16)
@@ -32,21 +35,23 @@ struct AttentionTraits {
   static constexpr int kThreads = 128;
   static constexpr int WM = WM_;
   static constexpr int WN = 4 / WM;
-  static constexpr int M = 16 * WM;
-  static constexpr int KW = WN == 1 ? (D == 256 ? 32 : 64) : 16;  // keys per warp per tile
+  static constexpr int MT = MT_;  // m16 row tiles per warp
+  static constexpr int M = 16 * MT * WM;
+  // keys per warp per tile (32 with two row tiles: S then takes 32 registers, not 64)
+  static constexpr int KW = WN == 1 ? ((D == 256 || MT == 2) ? 32 : 64) : 16;
   static constexpr int BN = KW * WN;                                // keys per tile
   static constexpr int kChunks = D / 8;                             // 16-byte chunks of a T row
 
   using Loader = PagedTileLoader<D, KV, BN, kThreads>;
 
   static constexpr int kQBytes = M * D * 2;
-  static constexpr int kTileBytes = BN * D * 2;  // one K or V tile as T
-  static constexpr int kStageBytes = 2 * Loader::kTileBytes;
-  static constexpr int kConvBytes = kFp8 ? 2 * kTileBytes : 0;
-  // Stages: as many as fit ~110 KB (two CTAs per SM), 2..4.
-  static constexpr int kStagesFit = (110 * 1024 - kQBytes - kConvBytes) / kStageBytes;
-  static constexpr int kStages = kStagesFit < 2 ? 2 : (kStagesFit > 4 ? 4 : kStagesFit);
-  static constexpr int kMainBytes = kQBytes + kConvBytes + kStages * kStageBytes;
+  static constexpr int kStageBytes = 2 * Loader::kTileBytes;  // K + V tiles in the cache dtype
+  // Stages: as many as fit ~110 KB (two CTAs per SM), 2..4 (2..8 for fp8, whose stages
+  // are half the size: the same bytes in flight take twice the stages).
+  static constexpr int kMaxStages = kFp8 ? 8 : 4;
+  static constexpr int kStagesFit = (110 * 1024 - kQBytes) / kStageBytes;
+  static constexpr int kStages = kStagesFit < 2 ? 2 : (kStagesFit > kMaxStages ? kMaxStages : kStagesFit);
+  static constexpr int kMainBytes = kQBytes + kStages * kStageBytes;
 
   // Epilogue (aliases the mainloop buffers): per-warp-column partial O in fp32, rows
   // padded by 8 floats against bank conflicts, then the row statistics.
@@ -58,6 +63,7 @@ struct AttentionTraits {
 
   static_assert(D == 64 || D == 128 || D == 256, "head dim");
   static_assert(WM == 1 || WM == 2 || WM == 4, "warp layout");
+  static_assert((MT == 1 || MT == 2) && M <= kThreads, "row tiles (one thread per row in setup)");
   static_assert(KW % 16 == 0, "a warp's key slice feeds whole k16 steps of P V");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
@@ -73,8 +79,7 @@ template <class Tr>
 struct AttentionSmem {
   char* base;
   __device__ char* q() const { return base; }
-  __device__ char* conv() const { return base + Tr::kQBytes; }
-  __device__ char* stage(int s) const { return base + Tr::kQBytes + Tr::kConvBytes + s * Tr::kStageBytes; }
+  __device__ char* stage(int s) const { return base + Tr::kQBytes + s * Tr::kStageBytes; }
   __device__ float* o() const { return reinterpret_cast<float*>(base); }
   __device__ float* stat_m() const { return reinterpret_cast<float*>(base + Tr::kUnionBytes); }
   __device__ float* stat_l() const { return stat_m() + Tr::WN * Tr::M; }
@@ -117,12 +122,33 @@ __device__ KeyRange setup_rows(const AttentionArgs& a, const AttentionSmem<Tr>& 
   }
   // Q rows: zero-filled for invalid rows.
   const char* q = static_cast<const char*>(a.q);
-  for (int idx = tid; idx < Tr::M * Tr::kChunks; idx += Tr::kThreads) {
-    const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
-    const RowDesc d = rows(r);
-    const char* src = q;
-    if (d.valid) src += (d.qrow * a.q_row_stride + d.head * a.q_head_stride) * 2 + c * 16;
-    cp_async_16(smem_addr(sm.q() + swizzle<Tr::kChunks>(r, c)), src, d.valid);
+  bool q_async = true;
+  if constexpr (Tr::kFp8) {
+    if (a.q_fp8) {
+      // fp8 e4m3 queries (fp8 cache only): 16 values per load, converted exactly to T.
+      q_async = false;
+      for (int idx = tid; idx < Tr::M * (Tr::D / 16); idx += Tr::kThreads) {
+        const int r = idx / (Tr::D / 16), c = idx % (Tr::D / 16);
+        const RowDesc d = rows(r);
+        uint4 out[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        if (d.valid) {
+          const uint4 raw = __ldg(reinterpret_cast<const uint4*>(q + d.qrow * a.q_row_stride +
+                                                                 d.head * a.q_head_stride + c * 16));
+          fp8x16_to<T>(raw, out);
+        }
+        *reinterpret_cast<uint4*>(sm.q() + swizzle<Tr::kChunks>(r, 2 * c)) = out[0];
+        *reinterpret_cast<uint4*>(sm.q() + swizzle<Tr::kChunks>(r, 2 * c + 1)) = out[1];
+      }
+    }
+  }
+  if (q_async) {
+    for (int idx = tid; idx < Tr::M * Tr::kChunks; idx += Tr::kThreads) {
+      const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
+      const RowDesc d = rows(r);
+      const char* src = q;
+      if (d.valid) src += (d.qrow * a.q_row_stride + d.head * a.q_head_stride) * 2 + c * 16;
+      cp_async_16(smem_addr(sm.q() + swizzle<Tr::kChunks>(r, c)), src, d.valid);
+    }
   }
   __syncthreads();
   KeyRange kr{INT_MAX, INT_MIN, INT_MIN, INT_MAX};
@@ -138,11 +164,11 @@ __device__ KeyRange setup_rows(const AttentionArgs& a, const AttentionSmem<Tr>& 
 }
 
 /// Per-warp result of the mainloop: O (unnormalised) and the softmax state of the
-/// thread's two rows (g and g + 8 of the warp's 16).
+/// thread's two rows (g and g + 8) of each of the warp's MT m16 tiles.
 template <class Tr>
 struct WarpResult {
-  float acc[Tr::D / 8][4];
-  SoftmaxRows sm;
+  float acc[Tr::MT][Tr::D / 8][4];
+  SoftmaxRows sm[Tr::MT];
 };
 
 /// Streams KV tiles [tile_begin, tile_end) (tile t = keys [t * BN, (t + 1) * BN)) of KV
@@ -152,21 +178,20 @@ __device__ void attention_mainloop(const AttentionArgs& a, const AttentionSmem<T
                                    int kv_head, const int32_t* pages, int tile_begin, int tile_end,
                                    WarpResult<Tr>& res) {
   using T = typename Tr::T;
-  constexpr int D = Tr::D, KW = Tr::KW, BN = Tr::BN, kChunks = Tr::kChunks, kStages = Tr::kStages;
+  constexpr int D = Tr::D, KW = Tr::KW, BN = Tr::BN, kChunks = Tr::kChunks, kStages = Tr::kStages, MT = Tr::MT;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / Tr::WN, wn = warp % Tr::WN;
   const int g = lane >> 2, t = lane & 3;
 
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) {
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) res.acc[i][e] = 0.0f;
+    for (int i = 0; i < D / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) res.acc[mt][i][e] = 0.0f;
+    }
+    res.sm[mt].init();
   }
-  res.sm.init();
-
-  const int r0 = wm * 16 + g;
-  const int row_lo[2] = {sm.row_lo()[r0], sm.row_lo()[r0 + 8]};
-  const int row_hi[2] = {sm.row_hi()[r0], sm.row_hi()[r0 + 8]};
 
   typename Tr::Loader loader(a, kv_head, pages, kr.lo, kr.hi);
   const int ntiles = tile_end - tile_begin;
@@ -182,82 +207,130 @@ __device__ void attention_mainloop(const AttentionArgs& a, const AttentionSmem<T
   const uint32_t q_base = smem_addr(sm.q());
   for (int it = 0; it < ntiles; ++it) {
     const int next = it + kStages - 1;
-    if (next < ntiles) loader.fetch_pages(tile_begin + next);  // page ids in flight during the wait
+    // Page ids in flight during the wait. With MT = 2 their registers are needed by the
+    // accumulators, so they are read after the barrier (L1 hits after the first tiles).
+    constexpr bool kEarlyPages = MT == 1;
+    if (kEarlyPages && next < ntiles) loader.fetch_pages(tile_begin + next);
     cp_async_wait<kStages - 2>();
     __syncthreads();  // tile `it` visible to all; everyone is done with tile it - 1's stage
+    if (!kEarlyPages && next < ntiles) loader.fetch_pages(tile_begin + next);
     if (next < ntiles) loader.issue(tile_begin + next, sm.stage(next % kStages));
     cp_async_commit();
 
-    const char* tile = sm.stage(it % kStages);
+    const uint32_t k_base = smem_addr(sm.stage(it % kStages));
+    const uint32_t v_base = k_base + Tr::Loader::kTileBytes;
+
+    // S = Q K^T over this warp's KW keys; each K fragment feeds the warp's MT row tiles.
+    float s[MT][KW / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < KW / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][i][e] = 0.0f;
+      }
+    }
     if constexpr (Tr::kFp8) {
-      loader.template dequantize<T, kChunks>(tile, sm.conv(), Tr::kTileBytes);
-      __syncthreads();
-      tile = sm.conv();
-    }
-    const uint32_t k_base = smem_addr(tile);
-    const uint32_t v_base = k_base + (Tr::kFp8 ? Tr::kTileBytes : Tr::Loader::kTileBytes);
-
-    // S = Q K^T over this warp's KW keys.
-    float s[KW / 8][4];
+      qk_fp8<Tr>(s, q_base, k_base, wm, wn, lane);  // K fragments converted in registers
+    } else {
 #pragma unroll
-    for (int i = 0; i < KW / 8; ++i) {
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qa[MT][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[i][e] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t qa[4];
-      ldmatrix_x4(qa, q_base + swizzle<kChunks>(wm * 16 + (lane & 15), 2 * kk + (lane >> 4)));
-#pragma unroll
-      for (int np = 0; np < KW / 16; ++np) {
-        uint32_t kb[4];
-        const int key = wn * KW + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-        ldmatrix_x4(kb, k_base + swizzle<kChunks>(key, 2 * kk + ((lane >> 3) & 1)));
-        mma_16816<T>(s[2 * np], qa, kb[0], kb[1]);
-        mma_16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
-      }
-    }
-
-    // Scale (and soft-cap) into log2 units, then mask outside each row's visible keys.
-    const int key0 = (tile_begin + it) * BN + wn * KW;
-    const bool need_mask = !(key0 >= kr.full_lo && key0 + KW <= kr.full_hi);
-#pragma unroll
-    for (int i = 0; i < KW / 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[i][e];
-        x = a.cap_log2 > 0.0f ? a.cap_log2 * tanhf(x * a.cap_inner) : x * a.logit_scale_log2;
-        if (need_mask) {
-          const int key = key0 + i * 8 + 2 * t + (e & 1);
-          const int h = e >> 1;
-          if (key < row_lo[h] || key >= row_hi[h]) x = -INFINITY;
+        for (int mt = 0; mt < MT; ++mt) {
+          ldmatrix_x4(qa[mt], q_base + swizzle<kChunks>((wm * MT + mt) * 16 + (lane & 15), 2 * kk + (lane >> 4)));
         }
-        s[i][e] = x;
+#pragma unroll
+        for (int np = 0; np < KW / 16; ++np) {
+          uint32_t kb[4];
+          const int key = wn * KW + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+          ldmatrix_x4(kb, k_base + swizzle<kChunks>(key, 2 * kk + ((lane >> 3) & 1)));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+            mma_16816<T>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+          }
+        }
       }
     }
 
-    res.sm.template update<KW / 8, D / 8>(s, res.acc);
+    // Scale (and soft-cap) into log2 units (the branch is uniform: hoisted out of the
+    // element loops), then mask outside each row's visible keys.
+    if (a.cap_log2 > 0.0f) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int i = 0; i < KW / 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][i][e] = a.cap_log2 * tanhf(s[mt][i][e] * a.cap_inner);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int i = 0; i < KW / 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][i][e] *= a.logit_scale_log2;
+        }
+      }
+    }
+    const int key0 = (tile_begin + it) * BN + wn * KW;
+    if (!(key0 >= kr.full_lo && key0 + KW <= kr.full_hi)) {
+      // Boundary tile: the row bounds come from shared memory (no registers held
+      // across the loop for them).
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int r = (wm * MT + mt) * 16 + g;
+        const int row_lo[2] = {sm.row_lo()[r], sm.row_lo()[r + 8]};
+        const int row_hi[2] = {sm.row_hi()[r], sm.row_hi()[r + 8]};
+#pragma unroll
+        for (int i = 0; i < KW / 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + i * 8 + 2 * t + (e & 1);
+            const int h = e >> 1;
+            if (key < row_lo[h] || key >= row_hi[h]) s[mt][i][e] = -INFINITY;
+          }
+        }
+      }
+    }
 
-    // O += P V: P's C fragments are A fragments of the k16 steps over keys.
 #pragma unroll
-    for (int kk = 0; kk < KW / 16; ++kk) {
-      uint32_t pa[4];
-      pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      const int key = wn * KW + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+    for (int mt = 0; mt < MT; ++mt) res.sm[mt].template update<KW / 8, D / 8>(s[mt], res.acc[mt]);
+
+    // O += P V: P's C fragments are A fragments of the k16 steps over keys; each V
+    // fragment feeds the warp's MT row tiles.
+    if constexpr (Tr::kFp8) {
+      pv_fp8<Tr>(res.acc, s, v_base, wn, lane);  // fp16 mma, even / odd dim layout
+    } else {
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, v_base + swizzle<kChunks>(key, 2 * dp + (lane >> 4)));
-        mma_16816<T>(res.acc[2 * dp], pa, vb[0], vb[1]);
-        mma_16816<T>(res.acc[2 * dp + 1], pa, vb[2], vb[3]);
+      for (int kk = 0; kk < KW / 16; ++kk) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+        const int key = wn * KW + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, v_base + swizzle<kChunks>(key, 2 * dp + (lane >> 4)));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_16816<T>(res.acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+            mma_16816<T>(res.acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+          }
+        }
       }
     }
   }
   cp_async_wait<0>();
-  res.sm.finish();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) res.sm[mt].finish();
   __syncthreads();  // the pipeline buffers become the epilogue's
 }
 
@@ -271,26 +344,43 @@ __device__ void attention_epilogue(const AttentionSmem<Tr>& sm, WarpResult<Tr>& 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / WN, wn = warp % WN;
   const int g = lane >> 2, t = lane & 3;
-  const int r0 = wm * 16 + g;
   if (t == 0) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      sm.stat_m()[wn * M + r0 + 8 * h] = res.sm.m[h];
-      sm.stat_l()[wn * M + r0 + 8 * h] = res.sm.l[h];
+    for (int mt = 0; mt < Tr::MT; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = (wm * Tr::MT + mt) * 16 + g + 8 * h;
+        sm.stat_m()[wn * M + r] = res.sm[mt].m[h];
+        sm.stat_l()[wn * M + r] = res.sm[mt].l[h];
+      }
     }
   }
   __syncthreads();
   // Rescale to the row maximum over the warps that shared the row, then park O.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float m_all = -INFINITY;
+  for (int mt = 0; mt < Tr::MT; ++mt) {
 #pragma unroll
-    for (int w = 0; w < WN; ++w) m_all = fmaxf(m_all, sm.stat_m()[w * M + r0 + 8 * h]);
-    const float f = m_all == -INFINITY ? 0.0f : fast_exp2(res.sm.m[h] - m_all);
-    float* row = sm.o() + (wn * M + r0 + 8 * h) * Tr::kOStride;
+    for (int h = 0; h < 2; ++h) {
+      const int r = (wm * Tr::MT + mt) * 16 + g + 8 * h;
+      float m_all = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      *reinterpret_cast<float2*>(row + 8 * i + 2 * t) = make_float2(res.acc[i][2 * h] * f, res.acc[i][2 * h + 1] * f);
+      for (int w = 0; w < WN; ++w) m_all = fmaxf(m_all, sm.stat_m()[w * M + r]);
+      const float f = m_all == -INFINITY ? 0.0f : fast_exp2(res.sm[mt].m[h] - m_all);
+      float* row = sm.o() + (wn * M + r) * Tr::kOStride;
+      if constexpr (Tr::kFp8) {  // even / odd dim layout of pv_fp8
+#pragma unroll
+        for (int c = 0; c < D / 16; ++c) {
+          float4 v = fp8_acc_dims(res.acc[mt], c, h);
+          v.x *= f, v.y *= f, v.z *= f, v.w *= f;
+          *reinterpret_cast<float4*>(row + 16 * c + 4 * t) = v;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          *reinterpret_cast<float2*>(row + 8 * i + 2 * t) =
+              make_float2(res.acc[mt][i][2 * h] * f, res.acc[mt][i][2 * h + 1] * f);
+        }
+      }
     }
   }
   if (tid < M) {
@@ -335,20 +425,8 @@ struct DirectOut {
   __device__ float finish_row(int r, float m, float l) const {
     const RowDesc d = rows(r);
     if (!d.valid) return 0.0f;
-    float scale = 0.0f, lse = -INFINITY;
-    if (a.sinks != nullptr) {
-      const float sink = a.sinks[d.head] * kLog2e;
-      const float mm = fmaxf(m, sink);
-      if (mm != -INFINITY) {
-        const float w = fast_exp2(m - mm);  // 0 when the row saw no key
-        const float z = l * w + fast_exp2(sink - mm);
-        scale = a.bmm2_scale * w / z;
-        lse = (mm + __log2f(z)) * kLn2;
-      }
-    } else if (l > 0.0f) {
-      scale = a.bmm2_scale / l;
-      lse = (m + __log2f(l)) * kLn2;
-    }
+    float scale, lse;
+    finalize_softmax(m, l, a.sinks != nullptr ? a.sinks[d.head] * kLog2e : -INFINITY, a.bmm2_scale, scale, lse);
     if (a.lse != nullptr) a.lse[d.qrow * a.lse_row_stride + d.head * a.lse_head_stride] = lse;
     return scale;
   }

@@ -60,6 +60,42 @@ __device__ __forceinline__ void fp8x16_to(const uint4& in, uint4 (&out)[2]) {
   out[1] = make_uint4(r[4], r[5], r[6], r[7]);
 }
 
+/// Four e4m3 bytes (byte 0 first) -> two packed pairs of T: lo = (byte 0, byte 1),
+/// hi = (byte 2, byte 3). Exact. For fp16 one cvt per pair; for bf16 the e4m3 bits are
+/// moved into place (seeeemmm -> s 0eeeemmm 0000: the value times 2^-120, exact for
+/// subnormals too) and one bf16x2 multiply by 2^120 (exact) fixes the exponent bias.
+/// (The e4m3 NaN code 0x7f reads as 480; saturating quantisation never writes it.)
+template <class T>
+__device__ __forceinline__ void fp8x4_to(uint32_t w, uint32_t& lo, uint32_t& hi);
+
+template <>
+__device__ __forceinline__ void fp8x4_to<__half>(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  lo = fp8x2_to<__half>(static_cast<uint16_t>(w & 0xffffu));
+  hi = fp8x2_to<__half>(static_cast<uint16_t>(w >> 16));
+}
+
+template <>
+__device__ __forceinline__ void fp8x4_to<__nv_bfloat16>(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t x0 = __byte_perm(w, 0u, 0x1404u);  // bytes (0, b0, 0, b1): each half b << 8
+  const uint32_t x1 = __byte_perm(w, 0u, 0x3424u);  // (0, b2, 0, b3)
+  const uint32_t y0 = (x0 & 0x80008000u) | ((x0 >> 4) & 0x07f007f0u);
+  const uint32_t y1 = (x1 & 0x80008000u) | ((x1 >> 4) & 0x07f007f0u);
+  const __nv_bfloat162 k = __floats2bfloat162_rn(0x1p120f, 0x1p120f);
+  const __nv_bfloat162 r0 = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&y0), k);
+  const __nv_bfloat162 r1 = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&y1), k);
+  lo = *reinterpret_cast<const uint32_t*>(&r0);
+  hi = *reinterpret_cast<const uint32_t*>(&r1);
+}
+
+/// Four e4m3 bytes (a0, b0, a1, b1) as an ldmatrix.trans of fp8 data delivers them (a:
+/// one column pair's even element, b: its odd one) -> fp16 pairs even = (a0, a1),
+/// odd = (b0, b1). Exact.
+__device__ __forceinline__ void fp8x4_deinterleave_to_half(uint32_t w, uint32_t& even, uint32_t& odd) {
+  const uint32_t x = __byte_perm(w, 0u, 0x3120u);  // (a0, a1, b0, b1)
+  even = fp8x2_to<__half>(static_cast<uint16_t>(x & 0xffffu));
+  odd = fp8x2_to<__half>(static_cast<uint16_t>(x >> 16));
+}
+
 /// 8 fp32 -> 8 values of T packed in 16 bytes.
 template <class T>
 __device__ __forceinline__ uint4 pack8(const float (&v)[8]) {

@@ -19,12 +19,15 @@ struct TypeTag {
   using type = T;
 };
 
-/// Calls f(std::integral_constant<int, D>, TypeTag<T>, TypeTag<KV>) with T the query
-/// type (bf16 / fp16) and KV the cache type (T or fp8 e4m3).
+/// Calls f(std::integral_constant<int, D>, TypeTag<T>, TypeTag<KV>) with T the output
+/// and mma type (bf16 / fp16: the query dtype, or the out dtype for fp8 queries, which
+/// the kernels convert to T exactly when loading them: AttentionArgs::q_fp8) and KV the
+/// cache type (T or fp8 e4m3).
 template <class F>
 void dispatch_attention(const char* op, const detail::AttentionProblem& p, F&& f) {
-  if (p.q_dtype == DType::fp8_e4m3) {
-    throw Error(std::string(op) + ": q: fp8_e4m3 queries are not supported on CUDA yet (pass bf16 or fp16)");
+  const DType t_dtype = p.q_dtype == DType::fp8_e4m3 ? p.out_dtype : p.q_dtype;
+  if (p.q_dtype == DType::fp8_e4m3 && p.kv.dtype != DType::fp8_e4m3) {
+    throw Error(std::string(op) + ": q: fp8_e4m3 queries need an fp8_e4m3 cache");
   }
   auto with_kv = [&](auto d, auto t) {
     if (p.kv.dtype == DType::fp8_e4m3) {
@@ -34,7 +37,7 @@ void dispatch_attention(const char* op, const detail::AttentionProblem& p, F&& f
     }
   };
   auto with_type = [&](auto d) {
-    if (p.q_dtype == DType::bf16) {
+    if (t_dtype == DType::bf16) {
       with_kv(d, TypeTag<__nv_bfloat16>{});
     } else {
       with_kv(d, TypeTag<__half>{});

@@ -31,6 +31,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
+/// 8-byte shared-memory load into two registers.
+__device__ __forceinline__ void lds64(uint32_t& x, uint32_t& y, uint32_t addr) {
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(x), "=r"(y) : "r"(addr));
+}
+
 /// D = A * B + D, fp32 accumulators; T is __nv_bfloat16 or __half.
 template <class T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);

@@ -1,6 +1,12 @@
 // Online softmax state of the two rows a thread owns in an m16n8 accumulator (rows g and
 // g + 8 of its warp's 16), in log2 units. Masked logits are -inf; a row that has seen
 // no key keeps m = -inf and uses 0 as its reference so that no -inf - -inf arises.
+//
+// The reference m is the running maximum rounded UP to an integer: every rescale
+// exp2(m_old - m_new) is then an exact power of two, and the probabilities exp2(s - m)
+// (rounded to 16 bits for the P V mma) of one key differ between two references only by
+// a power of two. So partial results over different key ranges (the warps of a CTA, the
+// splits of split-KV) combine to the same value as one pass, up to fp32 summation order.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,7 +20,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 struct SoftmaxRows {
-  float m[2];  // running max
+  float m[2];  // reference: running max rounded up to an integer (-inf before any key)
   float l[2];  // running sum of exp2(s - m), partial over the thread's columns until finish()
 
   __device__ __forceinline__ void init() {
@@ -33,9 +39,9 @@ struct SoftmaxRows {
       for (int i = 0; i < NS; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * h], s[i][2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float ref = mx == -INFINITY ? 0.0f : mx;
-      const float alpha = fast_exp2(m[h] - ref);
-      m[h] = mx;
+      const float ref = mx == -INFINITY ? 0.0f : ceilf(mx);
+      const float alpha = fast_exp2(m[h] - ref);  // exact: 0 or 2^-k
+      m[h] = mx == -INFINITY ? -INFINITY : ref;
       float sum = 0.0f;
 #pragma unroll
       for (int i = 0; i < NS; ++i) {
@@ -61,5 +67,23 @@ struct SoftmaxRows {
     }
   }
 };
+
+/// Final scale and lse of a row whose keys gave (m, l) (log2 units, l relative to m),
+/// counting the optional sink (log2 units, -inf when absent) once: o = acc * scale and
+/// lse in natural log. Shared by the direct epilogue and the split-KV merge, so both
+/// round identically. Accurate exp2f / log2f: once per row.
+__device__ __forceinline__ void finalize_softmax(float m, float l, float sink, float bmm2_scale, float& scale,
+                                                 float& lse) {
+  const float mm = fmaxf(m, sink);
+  scale = 0.0f;
+  lse = -INFINITY;
+  if (mm == -INFINITY) return;
+  const float w = m == -INFINITY ? 0.0f : exp2f(m - mm);  // 0 when no key was seen
+  const float z = l * w + (sink == -INFINITY ? 0.0f : exp2f(sink - mm));
+  if (z > 0.0f) {
+    scale = bmm2_scale * w / z;
+    lse = (mm + log2f(z)) * 0.6931471805599453f;
+  }
+}
 
 }  // namespace pagedmha::cuda

@@ -2,7 +2,9 @@
 // shared memory with 16-byte cp.async. Each token is addressed through the page table:
 // page_table[pos / P] * page_stride + (pos % P) * token_stride (64-bit), so any page
 // size and NHD / HND / interleaved layouts work. Positions outside [lo, hi) are
-// zero-filled without touching the page table or the cache.
+// zero-filled without touching the page table or the cache. Tiles land swizzled in the
+// cache's own dtype: fp8 stays fp8 in shared memory (half the bytes per stage) and the
+// mainloop converts fragments in registers (fp8_fragments.cuh).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,19 @@ namespace pagedmha::cuda {
 template <int kChunks>
 __device__ __forceinline__ uint32_t swizzle(int r, int c) {
   return static_cast<uint32_t>((r * kChunks + (c ^ (r & 7))) * 16);
+}
+
+/// The same for rows of any 16-byte multiple >= 64 bytes (raw KV tiles: fp8 rows of
+/// D = 64 are 4 chunks): with 4 chunks, two rows share a 128-byte line and the XOR uses
+/// the row pair index, so 8 consecutive rows at one chunk still hit 8 bank groups.
+template <int kChunks>
+__device__ __forceinline__ uint32_t swizzle_rows(int r, int c) {
+  static_assert(kChunks >= 8 || kChunks == 4, "row size");
+  if constexpr (kChunks >= 8) {
+    return swizzle<kChunks>(r, c);
+  } else {
+    return static_cast<uint32_t>((r * 4 + (c ^ ((r >> 1) & 3))) * 16);
+  }
 }
 
 template <int D, class KV, int BN, int kThreads>
@@ -54,16 +69,25 @@ struct PagedTileLoader {
   __device__ __forceinline__ bool in_range(int pos) const { return pos >= lo && pos < hi; }
 
   /// Loads the page ids of `tile` into registers (issued early to hide their latency).
+  /// One division per tile: the thread's rows step by kRowsPerPass, so (col, tok) advance
+  /// by subtraction (one step when page_size >= kRowsPerPass).
   __device__ __forceinline__ void fetch_pages(int tile) {
+    int pos = tile * BN + row0;
+    int col = pos / page_size;
+    int tk = pos - col * page_size;
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
-      const int pos = tile * BN + row0 + i * kRowsPerPass;
       page[i] = 0;
       tok[i] = 0;
       if (in_range(pos)) {
-        const int col = pos / page_size;
         page[i] = __ldg(pages + col);
-        tok[i] = pos - col * page_size;
+        tok[i] = tk;
+      }
+      pos += kRowsPerPass;
+      tk += kRowsPerPass;
+      while (tk >= page_size) {
+        tk -= page_size;
+        ++col;
       }
     }
   }
@@ -75,29 +99,10 @@ struct PagedTileLoader {
     for (int i = 0; i < kRows; ++i) {
       const int r = row0 + i * kRowsPerPass;
       const bool valid = in_range(tile * BN + r);
-      const uint32_t off = kFp8 ? static_cast<uint32_t>((r * kRawChunks + chunk) * 16) : swizzle<kRawChunks>(r, chunk);
+      const uint32_t off = swizzle_rows<kRawChunks>(r, chunk);
       const int64_t p = page[i], t = tok[i];
       cp_async_16(base + off, k + (p * k_page_stride + t * k_token_stride), valid);
       cp_async_16(base + kTileBytes + off, v + (p * v_page_stride + t * v_token_stride), valid);
-    }
-  }
-
-  /// fp8 only: converts the thread's own chunks of a landed tile (K then V, plain
-  /// layout) into a swizzled T tile pair at `dst` (K at 0, V at dst_tile_bytes).
-  template <class T, int kChunks>
-  __device__ __forceinline__ void dequantize(const char* src, char* dst, int dst_tile_bytes) const {
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const int r = row0 + i * kRowsPerPass;
-#pragma unroll
-      for (int kv = 0; kv < 2; ++kv) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(src + kv * kTileBytes + (r * kRawChunks + chunk) * 16);
-        uint4 out[2];
-        fp8x16_to<T>(raw, out);
-        char* d = dst + kv * dst_tile_bytes;
-        *reinterpret_cast<uint4*>(d + swizzle<kChunks>(r, 2 * chunk)) = out[0];
-        *reinterpret_cast<uint4*>(d + swizzle<kChunks>(r, 2 * chunk + 1)) = out[1];
-      }
     }
   }
 };

@@ -3,9 +3,9 @@
 
 namespace pagedmha::cuda {
 
-template void launch_decode<64, __nv_bfloat16, __nv_bfloat16>(const AttentionArgs&, cudaStream_t);
-template void launch_decode<64, __nv_bfloat16, fp8_e4m3>(const AttentionArgs&, cudaStream_t);
-template void launch_decode<64, __half, __half>(const AttentionArgs&, cudaStream_t);
-template void launch_decode<64, __half, fp8_e4m3>(const AttentionArgs&, cudaStream_t);
+template void launch_decode<64, __nv_bfloat16, __nv_bfloat16>(const AttentionArgs&, int, int, cudaStream_t);
+template void launch_decode<64, __nv_bfloat16, fp8_e4m3>(const AttentionArgs&, int, int, cudaStream_t);
+template void launch_decode<64, __half, __half>(const AttentionArgs&, int, int, cudaStream_t);
+template void launch_decode<64, __half, fp8_e4m3>(const AttentionArgs&, int, int, cudaStream_t);
 
 }  // namespace pagedmha::cuda

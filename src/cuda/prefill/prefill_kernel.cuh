@@ -1,4 +1,4 @@
-// Prefill / extend attention: one CTA per (64-row query tile, query head, request) with
+// Prefill / extend attention: one CTA per (query tile of Tr::M rows, query head, request) with
 // ragged queries (cu_seqlens_q) after a cached prefix of L - n keys. Tiles past a
 // request's query count exit; causal tiles stop at the diagonal and windowed tiles start
 // at the window, so only boundary tiles pay for masking.
@@ -52,7 +52,9 @@ __global__ void __launch_bounds__(Tr::kThreads) prefill_kernel(const AttentionAr
 
 template <int D, class T, class KV>
 void launch_prefill(const AttentionArgs& a, int max_q_len, cudaStream_t stream) {
-  using Tr = AttentionTraits<D, T, KV, 4>;
+  // 4 warps x 2 m16 tiles (128 rows) for D <= 128: K / V fragments and tile loads are
+  // shared by twice the rows; D = 256 keeps 64 rows (its O accumulator alone is 128 regs).
+  using Tr = AttentionTraits<D, T, KV, 4, D <= 128 ? 2 : 1>;
   const dim3 grid(static_cast<unsigned>(ceil_div(max_q_len, Tr::M)), static_cast<unsigned>(a.num_q_heads),
                   static_cast<unsigned>(a.batch));
   allow_dynamic_smem(prefill_kernel<Tr>, Tr::kSmemBytes);

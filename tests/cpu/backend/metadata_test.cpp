@@ -251,6 +251,29 @@ TEST(BackendMetadata, RejectsBadInput) {
   EXPECT_THROW(MhaBackend{bad}, Error);
 }
 
+// The decode workspace is sized from the config's geometry or register_layers; both
+// validate it (on the CPU the size itself is 0).
+TEST(BackendMetadata, WorkspaceGeometryIsValidated) {
+  auto expect_error = [](auto&& call, const std::string& what) {
+    try {
+      call();
+      ADD_FAILURE() << "expected Error containing '" << what << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  BackendConfig c = config(4, 32, 4, 2);
+  c.num_q_heads = 30, c.num_kv_heads = 8, c.head_dim = 128;
+  expect_error([&] { MhaBackend{c}; }, "num_q_heads: expected a positive multiple of num_kv_heads 8, got 30");
+  c.num_q_heads = 32;
+  MhaBackend be(c);
+  LayerSpec ok, bad;
+  ok.num_q_heads = 64, ok.num_kv_heads = 8, ok.head_dim = 256;
+  bad.num_q_heads = 8, bad.num_kv_heads = 8, bad.head_dim = 96;
+  be.register_layers({ok});
+  expect_error([&] { be.register_layers({ok, bad}); }, "head_dim");
+}
+
 TEST(BackendMetadata, IdleClearsSlots) {
   MhaBackend be(config(4, 32, 2));
   ForwardBatch fb;

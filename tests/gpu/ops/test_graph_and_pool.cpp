@@ -4,6 +4,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <numeric>
+#include <random>
+
 #include "gpu/ops/harness.h"
 
 namespace gpu_test {
@@ -12,97 +15,88 @@ namespace {
 TEST(GpuGraph, DecodeStepReplayEqualsEager) {
   REQUIRE_GPU();
   for (int n : {1, 3}) {
-    AttnSpec s;
-    s.num_q_heads = 8;
-    s.num_kv_heads = 2;
-    s.page_size = 16;
-    s.q_len_per_req = n;
-    s.seq_lens = {600, 600, 600, 600, 600, 600, 600, 600};  // capacity; steps use less
-    s.seed = 5000 + n;
-    AttnCase c = build_case(s);
-    const int B = c.batch, Hkv = s.num_kv_heads, D = s.head_dim;
-    const std::vector<uint8_t> table0 = c.page_table.host;
-    Tensor knew(DType::bf16, {B * n, Hkv, D}), vnew(DType::bf16, {B * n, Hkv, D}), slots(DType::int32, {B * n});
-    Rng rng(5100 + n);
-    for (int64_t x = 0; x < static_cast<int64_t>(B) * n * Hkv * D; ++x) {
-      knew.set(x, rng.normal());
-      vnew.set(x, rng.normal());
-    }
-    for (Tensor* t : {&c.q, &c.k_cache, &c.v_cache, &c.page_table, &c.seq_lens, &knew, &vnew, &slots}) t->upload();
-    Tensor out_g = c.out.clone(), lse_g = c.lse.clone(), out_e = c.out.clone(), lse_e = c.lse.clone();
-    for (Tensor* t : {&out_g, &lse_g, &out_e, &lse_e}) t->upload();
-    const size_t ws_bytes = pagedmha::decode_workspace_size(Device::cuda(0), B, n, s.num_q_heads, Hkv, D);
-    Buffer ws(std::max<size_t>(ws_bytes, 16), Device::cuda(0));
-    const TensorView wsv = ws_bytes ? ws.bytes_view() : TensorView{};
+    AttnCase c = gpu_case();
+    c.q_len_per_req = n;
+    c.kv_lens.assign(8, 600);  // capacity; steps use less
+    c.seed = 5000 + n;
+    AttnProblem p = build(c);
+    const int B = p.batch, Hkv = c.Hkv, D = c.D;
+    const std::vector<int32_t> table0 = int_values(p.page_table);
+    std::mt19937_64 rng(5100 + n);
+    std::normal_distribution<double> normal(0.0, 1.0);
+    const HostTensor knew = make_tensor(DType::bf16, {B * n, Hkv, D}), vnew = make_tensor(DType::bf16, {B * n, Hkv, D});
+    for (int t = 0; t < B * n; ++t)
+      for (int h = 0; h < Hkv; ++h)
+        for (int d = 0; d < D; ++d) knew.set({t, h, d}, normal(rng)), vnew.set({t, h, d}, normal(rng));
+    const HostTensor slots = make_tensor(DType::int32, {B * n});
+    const AttnProblem graph_run = with_new_outputs(p), eager_run = with_new_outputs(p);
+    DeviceMirror dev;
+    const Buffer ws = poisoned_workspace(p);
 
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const pagedmha::Stream st{stream};
-    auto step = [&](Tensor& out, Tensor& lse) {
-      pagedmha::decode_write_slots(c.page_table.gpu(), c.seq_lens.gpu(), s.page_size, n, slots.gpu(), st);
-      pagedmha::append_kv(knew.gpu(), vnew.gpu(), c.k_cache.gpu(), c.v_cache.gpu(), slots.gpu(), s.page_size, 1.0f,
+    auto step = [&](const AttnProblem& r) {
+      AttnViews v = dev.views(r);
+      v.workspace = ws.data() ? ws.bytes_view() : TensorView{};
+      pagedmha::decode_write_slots(v.page_table, v.seq_lens, c.page_size, n, dev.view(slots), st);
+      pagedmha::append_kv(dev.view(knew), dev.view(vnew), v.k_cache, v.v_cache, dev.view(slots), c.page_size, 1.0f,
                           1.0f, st);
-      pagedmha::batch_decode(c.q.gpu(), c.k_cache.gpu(), c.v_cache.gpu(), c.page_table.gpu(), c.seq_lens.gpu(),
-                             s.page_size, n, out.gpu(), c.params(true), lse.gpu(), wsv, st);
+      run_attention(r, v, 0, st);
     };
+    // Every device twin exists before capture (copies are not captured work).
+    for (const AttnProblem* r : {&graph_run, &eager_run}) dev.views(*r);
+    for (const HostTensor* t : {&knew, &vnew, &slots}) dev.base_of(*t);
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     // Global mode: any hidden synchronisation or allocation inside the ops fails capture.
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    step(out_g, lse_g);
+    step(graph_run);
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
 
     for (int it = 0; it < 4; ++it) {
       // New live lengths (some padded rows: seq_len 1 on page 0) and permuted tables.
-      std::vector<int> perm(B);
+      std::vector<int> perm(B), lens(B);
       std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng.gen);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      int32_t* table = p.page_table.typed<int32_t>();
       for (int b = 0; b < B; ++b) {
         const bool pad = it > 0 && b == B - 1 - it;
-        c.seq_lens.i32(b) = pad ? 1 : rng.uniform(n, 600);
-        for (int col = 0; col < c.cols; ++col) {
-          int32_t id;
-          std::memcpy(&id, table0.data() + (static_cast<size_t>(perm[b]) * c.cols + col) * 4, 4);
-          c.page_table.i32(static_cast<int64_t>(b) * c.cols + col) = pad ? 0 : id;
-        }
+        lens[b] = pad ? 1 : n + static_cast<int>(rng() % (601 - n));
+        for (int col = 0; col < p.cols; ++col) table[b * p.cols + col] = pad ? 0 : table0[perm[b] * p.cols + col];
+        p.seq_lens.typed<int32_t>()[b] = lens[b];
       }
-      CUDA_OK(cudaMemcpyAsync(c.seq_lens.dev.data(), c.seq_lens.host.data(), c.seq_lens.host.size(),
-                              cudaMemcpyHostToDevice, stream));
-      CUDA_OK(cudaMemcpyAsync(c.page_table.dev.data(), c.page_table.host.data(), c.page_table.host.size(),
-                              cudaMemcpyHostToDevice, stream));
-      step(out_e, lse_e);  // eager first; the replay writes the same tokens to the same slots
+      dev.upload(p.seq_lens, stream);
+      dev.upload(p.page_table, stream);
+      step(eager_run);  // eager first; the replay writes the same tokens to the same slots
       CUDA_OK(cudaGraphLaunch(exec, stream));
       CUDA_OK(cudaStreamSynchronize(stream));
+      for (const AttnProblem* r : {&graph_run, &eager_run}) {
+        dev.download(r->out);
+        dev.download(r->lse);
+      }
       // Bitwise on real rows. A padded row's n tokens all land on slot 0 of the dummy
       // page, where the last writer is unspecified; it must only be finite.
-      const std::vector<uint8_t> og = out_g.download(), oe = out_e.download(), lg = lse_g.download(),
-                                 le = lse_e.download();
-      const size_t out_row = static_cast<size_t>(s.num_q_heads) * D * 2, lse_row = s.num_q_heads * 4;
       for (int b = 0; b < B; ++b) {
-        const bool pad = it > 0 && b == B - 1 - it;
-        for (int i = 0; i < n; ++i) {
-          const size_t r = static_cast<size_t>(b) * n + i;
-          if (pad) {
-            for (int x = 0; x < s.num_q_heads * D; ++x)
-              EXPECT_TRUE(std::isfinite(oracle::load(oracle::Format::bf16, og.data() + r * out_row + x * 2)));
-            continue;
-          }
-          EXPECT_EQ(0, std::memcmp(og.data() + r * out_row, oe.data() + r * out_row, out_row))
-              << "n=" << n << " step " << it << " row " << r << ": out differs from eager";
-          EXPECT_EQ(0, std::memcmp(lg.data() + r * lse_row, le.data() + r * lse_row, lse_row))
-              << "n=" << n << " step " << it << " row " << r << ": lse differs from eager";
+        const int row = b * n;
+        if (it > 0 && b == B - 1 - it) {
+          for (int i = 0; i < n; ++i)
+            for (int h = 0; h < c.Hq; ++h)
+              for (int d = 0; d < D; ++d) ASSERT_TRUE(std::isfinite(graph_run.out.get({row + i, h, d})));
+          continue;
         }
+        EXPECT_TRUE(same_bits(graph_run.out, row, eager_run.out, row, n)) << "n=" << n << " step " << it;
+        EXPECT_EQ(0, std::memcmp(graph_run.lse.at({row, 0}), eager_run.lse.at({row, 0}), size_t{4} * n * c.Hq))
+            << "n=" << n << " step " << it << " request " << b << ": lse differs from eager";
       }
       // And the replayed result is right (oracle on the updated cache and metadata).
       if (it == 3) {
-        c.k_cache.host = c.k_cache.download();
-        c.v_cache.host = c.v_cache.download();
-        for (int b = 0; b < B; ++b) c.spec.seq_lens[b] = c.seq_lens.i32(b);
-        Result r{out_g.clone(), lse_g.clone()};
-        r.out.host = out_g.download();
-        r.lse.host = lse_g.download();
-        expect_matches(c, r, oracle_reference(c), "graph replay vs oracle");
+        dev.download(p.kv.k);
+        dev.download(p.kv.v);
+        AttnProblem r = graph_run;  // shares p's table and cache
+        follow_table(r, lens);
+        EXPECT_TRUE(check_attention(r, r.reference(/*from_cache=*/true))) << "graph replay vs oracle";
       }
     }
     cudaGraphExecDestroy(exec);
@@ -114,7 +108,7 @@ TEST(GpuGraph, DecodeStepReplayEqualsEager) {
 // Pool of (2^20 + 64) pages x 16 tokens x 1 head x 128 = 2.15e9 elements per K and V
 // (4.3 GB each); the request's pages include ids above 65,535 and the last page. Each
 // page's V is one distinct constant, so a wrapped 32-bit offset reads a wrong constant.
-// The CPU path is skipped here (it would need the 8.6 GB pool on the host).
+// Too big for the host: the pool lives on the device only.
 TEST(GpuLargePool, PageIdsAbove65535) {
   REQUIRE_GPU();
   const int P = 16, Hkv = 1, D = 128, Hq = 4;
@@ -124,80 +118,75 @@ TEST(GpuLargePool, PageIdsAbove65535) {
   const std::vector<int32_t> ids = {static_cast<int32_t>(num_pages - 1), 70000, 65536, 65535, 3,
                                     static_cast<int32_t>(num_pages - 30)};
   const int L = static_cast<int>(ids.size()) * P - 5;
-  Buffer kbuf(elems * 2, Device::cuda(0)), vbuf(elems * 2, Device::cuda(0));
-  pagedmha::fill_bytes(kbuf.data(), Device::cuda(0), 0xFF, elems * 2);
-  pagedmha::fill_bytes(vbuf.data(), Device::cuda(0), 0xFF, elems * 2);
-  const TensorView kc(kbuf.data(), DType::bf16, Device::cuda(0), {num_pages * P, Hkv, D});
-  const TensorView vc(vbuf.data(), DType::bf16, Device::cuda(0), {num_pages * P, Hkv, D});
+  Buffer kbuf(elems * 2, gpu()), vbuf(elems * 2, gpu());
+  pagedmha::fill_bytes(kbuf.data(), gpu(), 0xFF, elems * 2);
+  pagedmha::fill_bytes(vbuf.data(), gpu(), 0xFF, elems * 2);
+  const TensorView kc(kbuf.data(), DType::bf16, gpu(), {num_pages * P, Hkv, D});
+  const TensorView vc(vbuf.data(), DType::bf16, gpu(), {num_pages * P, Hkv, D});
 
   // Write the request through append_kv: K random, V = the page's constant.
-  Rng rng(6000);
-  Tensor k(DType::bf16, {L, Hkv, D}), v(DType::bf16, {L, Hkv, D});
+  std::mt19937_64 rng(6000);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const HostTensor k = make_tensor(DType::bf16, {L, Hkv, D}), v = make_tensor(DType::bf16, {L, Hkv, D});
   std::vector<int32_t> slots;
   for (int p = 0; p < L; ++p) {
     slots.push_back(ids[p / P] * P + p % P);
     for (int d = 0; d < D; ++d) {
-      k.set(k.offset({p, 0, d}), rng.normal());
-      v.set(v.offset({p, 0, d}), 1.0 + (p / P) * 0.25 + d * 0.0078125);  // exact in bf16
+      k.set({p, 0, d}, normal(rng));
+      v.set({p, 0, d}, 1.0 + (p / P) * 0.25 + d * 0.0078125);  // exact in bf16
     }
   }
-  Tensor loc = int32_tensor(slots);
-  for (Tensor* t : {&k, &v, &loc}) t->upload();
-  pagedmha::append_kv(k.gpu(), v.gpu(), kc, vc, loc.gpu(), P);
+  DeviceMirror dev;
+  pagedmha::append_kv(dev.view(k), dev.view(v), kc, vc, dev.view(make_int32(slots)), P);
 
   // The last page read back byte for byte.
   std::vector<uint8_t> last(static_cast<size_t>(P) * D * 2);
   pagedmha::copy_bytes(last.data(), Device::cpu(), static_cast<uint8_t*>(vbuf.data()) + (num_pages - 1) * P * D * 2,
-                       Device::cuda(0), last.size());
-  EXPECT_EQ(0, std::memcmp(last.data(), v.host.data(), last.size())) << "last page V";
+                       gpu(), last.size());
+  pagedmha::synchronize();
+  EXPECT_EQ(0, std::memcmp(last.data(), v.data(), last.size())) << "last page V";
 
-  Tensor table(DType::int32, {1, static_cast<int64_t>(ids.size()) + 2});
-  for (size_t x = 0; x < ids.size(); ++x) table.i32(x) = ids[x];
-  Tensor lens = int32_tensor({L});
+  // Oracle over the dense request (7 queries, causal, bottom-right aligned).
   const int n = 7;
-  Tensor q(DType::bf16, {n, Hq, D}), cu = int32_tensor({0, n});
-  for (int64_t x = 0; x < int64_t{n} * Hq * D; ++x) q.set(x, rng.normal());
-  for (Tensor* t : {&table, &lens, &q, &cu}) t->upload();
-
-  // Oracle over the dense request.
-  std::vector<double> qd(static_cast<size_t>(n) * Hq * D), kd(static_cast<size_t>(L) * D), vd(kd.size());
-  for (size_t x = 0; x < qd.size(); ++x) qd[x] = q.get(x);
-  for (size_t x = 0; x < kd.size(); ++x) {
-    kd[x] = k.get(x);
-    vd[x] = v.get(x);
-  }
+  const HostTensor q = make_tensor(DType::bf16, {n, Hq, D});
+  std::vector<double> qd, kd, vd;
+  for (int i = 0; i < n; ++i)
+    for (int h = 0; h < Hq; ++h)
+      for (int d = 0; d < D; ++d) q.set({i, h, d}, normal(rng)), qd.push_back(q.get({i, h, d}));
+  for (int p = 0; p < L; ++p)
+    for (int d = 0; d < D; ++d) kd.push_back(k.get({p, 0, d})), vd.push_back(v.get({p, 0, d}));
   oracle::AttentionSpec os;
-  os.num_q_heads = Hq;
-  os.num_kv_heads = Hkv;
-  os.head_dim = D;
-  os.bmm1_scale = 1.0 / std::sqrt(128.0);
+  os.num_q_heads = Hq, os.num_kv_heads = Hkv, os.head_dim = D;
+  os.bmm1_scale = static_cast<float>(1.0 / std::sqrt(128.0));
   std::vector<double> o(qd.size()), l(static_cast<size_t>(n) * Hq);
   oracle::attention(os, n, L, qd.data(), kd.data(), vd.data(), o.data(), l.data());
 
+  HostTensor table = make_tensor(DType::int32, {1, static_cast<int64_t>(ids.size()) + 2});
+  std::copy(ids.begin(), ids.end(), table.typed<int32_t>());
   pagedmha::AttentionParams params;
   params.bmm1_scale = static_cast<float>(os.bmm1_scale);
-  for (int mode = 0; mode < 2; ++mode) {
-    Tensor out(DType::bf16, {n, Hq, D});
-    out.upload();
-    if (mode == 0) {
-      pagedmha::batch_prefill(q.gpu(), kc, vc, table.gpu(), lens.gpu(), cu.gpu(), P, n, out.gpu(), params);
-    } else {
-      // Decode: the 7 queries as a verify step of one request.
-      const size_t bytes = pagedmha::decode_workspace_size(Device::cuda(0), 1, n, Hq, Hkv, D);
-      Buffer ws(std::max<size_t>(bytes, 16), Device::cuda(0));
-      pagedmha::batch_decode(q.gpu(), kc, vc, table.gpu(), lens.gpu(), P, n, out.gpu(), params, {},
+  const TensorView tv = dev.view(table), lens = dev.view(make_int32({L}));
+  for (bool decode : {false, true}) {
+    const HostTensor out = make_tensor(DType::bf16, {n, Hq, D});
+    if (!decode) {
+      pagedmha::batch_prefill(dev.view(q), kc, vc, tv, lens, dev.view(make_int32({0, n})), P, n, dev.view(out), params);
+    } else {  // the 7 queries as a verify step of one request
+      const size_t bytes = pagedmha::decode_workspace_size(gpu(), 1, n, Hq, Hkv, D);
+      const Buffer ws(std::max<size_t>(bytes, 16), gpu());
+      pagedmha::batch_decode(dev.view(q), kc, vc, tv, lens, P, n, dev.view(out), params, {},
                              bytes ? ws.bytes_view() : TensorView{});
     }
-    pagedmha::synchronize();
-    out.host = out.download();
+    dev.download(out);
     double err = 0, ref = 0;
-    for (size_t x = 0; x < o.size(); ++x) {
-      const double g = out.get(x);
-      ASSERT_TRUE(std::isfinite(g)) << (mode ? "decode" : "prefill") << " element " << x;
-      err += (g - o[x]) * (g - o[x]);
-      ref += o[x] * o[x];
-    }
-    EXPECT_LE(std::sqrt(err / ref), 1e-2) << (mode ? "decode" : "prefill");
+    for (int i = 0; i < n; ++i)
+      for (int h = 0; h < Hq; ++h)
+        for (int d = 0; d < D; ++d) {
+          const double g = out.get({i, h, d}), want = o[(static_cast<size_t>(i) * Hq + h) * D + d];
+          ASSERT_TRUE(std::isfinite(g)) << (decode ? "decode" : "prefill") << " row " << i << " head " << h;
+          err += (g - want) * (g - want);
+          ref += want * want;
+        }
+    EXPECT_LE(std::sqrt(err / ref), 1e-2) << (decode ? "decode" : "prefill");
   }
 }
 

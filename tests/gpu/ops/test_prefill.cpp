@@ -1,5 +1,5 @@
 // batch_prefill on CUDA (ragged queries, cached prefixes, non-causal, windows, sinks,
-// soft-cap, lse) against the CPU path and the fp64 oracle, with poisoning.
+// soft-cap, lse) against the fp64 oracle, with poisoning.
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -9,65 +9,67 @@
 namespace gpu_test {
 namespace {
 
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
 // (prefix, extend) pairs: no prefix, prefix mid-page, prefix on a page edge, empty
 // queries, an empty request, and more queries than keys (n > L: first queries see none).
-AttnSpec ragged(int P, uint64_t seed) {
-  AttnSpec s;
-  s.decode = false;
-  s.page_size = P;
+AttnCase ragged(int P, uint64_t seed) {
+  AttnCase c = gpu_case(/*decode=*/false);
+  c.page_size = P;
   const int prefix[] = {0, 5, P, 0, 0, 130, 64};
   const int extend[] = {77, 1, 65, 0, 0, 190, 128};
   for (int i = 0; i < 7; ++i) {
-    s.seq_lens.push_back(prefix[i] + extend[i]);
-    s.q_lens.push_back(extend[i]);
+    c.kv_lens.push_back(prefix[i] + extend[i]);
+    c.q_lens.push_back(extend[i]);
   }
-  s.seq_lens.push_back(3);  // n > L
-  s.q_lens.push_back(9);
-  s.seed = seed;
-  return s;
+  c.kv_lens.push_back(3);  // n > L
+  c.q_lens.push_back(9);
+  c.seed = seed;
+  return c;
 }
 
 TEST(GpuPrefill, HeadDimsGroupsPageSizes) {
   REQUIRE_GPU();
   const int heads[][2] = {{8, 8}, {8, 2}, {10, 2}, {12, 2}, {14, 2}, {16, 1}, {64, 1}};
   const int pages[] = {1, 3, 16, 32, 64, 128, 256};
+  const CacheLayout layouts[] = {CacheLayout::nhd4, CacheLayout::nhd3, CacheLayout::hnd4, CacheLayout::interleaved};
   int i = 0;
   for (int D : {64, 128, 256}) {
     for (const auto& h : heads) {
-      AttnSpec s = ragged(pages[i % 7], 2000 + i);
-      s.num_q_heads = h[0];
-      s.num_kv_heads = h[1];
-      s.head_dim = D;
+      AttnCase c = ragged(pages[i % 7], 2000 + i);
+      c.Hq = h[0], c.Hkv = h[1];
+      c.D = D;
+      c.layout = layouts[i % 4];
       ++i;
-      AttnCase c = build_case(s);
-      check_case(c, describe(s));
+      check_case(c);
     }
   }
 }
 
 TEST(GpuPrefill, FeaturesAndDtypes) {
   REQUIRE_GPU();
-  const float inf = std::numeric_limits<float>::infinity();
   int i = 0;
   for (int W : {-1, 0, 1, 127, 128}) {
     for (int variant = 0; variant < 4; ++variant) {
-      AttnSpec s = ragged(variant == 3 ? 3 : 16, 2100 + i++);
-      s.window_left = W;
-      s.causal = variant != 1;
-      if (variant >= 1) s.sinks = {-inf, 0.0f, 3.0f, 20.0f, -1.0f, 1.0f, 80.0f, -80.0f};
+      AttnCase c = ragged(variant == 3 ? 3 : 16, 2100 + i++);
+      c.window_left = W;
+      c.causal = variant != 1;
+      if (variant >= 1) {
+        c.sinks = SinkMode::custom;
+        c.custom_sinks = {-kInf, 0.0, 3.0, 20.0, -1.0, 1.0, 80.0, -80.0};
+      }
       if (variant == 2) {
-        s.soft_cap = 20.0f;
-        s.sm_scale = 0.5;
+        c.soft_cap = 20.0;
+        c.sm_scale = 0.5;
       }
       if (variant == 3) {
-        s.q_dtype = DType::fp16;
-        s.kv_dtype = DType::fp16;
-        s.row_pad = 24;
-        s.lse = false;
+        c.q_dtype = c.kv_dtype = DType::fp16;
+        c.q_layout = c.out_layout = RowLayout::padded;
+        c.row_pad = 24;
+        c.with_lse = false;
       }
-      s.release_before_window = W >= 0 && variant == 0;
-      AttnCase c = build_case(s);
-      check_case(c, describe(s));
+      c.release_window_pages = W >= 0 && variant == 0;
+      check_case(c);
     }
   }
 }
@@ -76,16 +78,14 @@ TEST(GpuPrefill, Fp8CacheAndHnd) {
   REQUIRE_GPU();
   int i = 0;
   for (DType q : {DType::bf16, DType::fp16}) {
-    for (bool hnd : {false, true}) {
-      AttnSpec s = ragged(hnd ? 32 : 64, 2200 + i++);
-      s.q_dtype = q;
-      s.kv_dtype = DType::fp8_e4m3;
-      s.k_scale = 0.37f;
-      s.v_scale = 2.5f;
-      s.outlier = 20.0;
-      s.hnd = hnd;
-      AttnCase c = build_case(s);
-      check_case(c, describe(s));
+    for (CacheLayout layout : {CacheLayout::nhd4, CacheLayout::hnd4}) {
+      AttnCase c = ragged(layout == CacheLayout::hnd4 ? 32 : 64, 2200 + i++);
+      c.q_dtype = q;
+      c.kv_dtype = DType::fp8_e4m3;
+      c.k_scale = 0.37, c.v_scale = 2.5;
+      c.outlier_gain = 20.0;
+      c.layout = layout;
+      check_case(c);
     }
   }
 }
@@ -93,52 +93,46 @@ TEST(GpuPrefill, Fp8CacheAndHnd) {
 // Longer requests: a 2k prompt, and a 512-token chunk after a 3k prefix with a window.
 TEST(GpuPrefill, LongerPromptsAndChunks) {
   REQUIRE_GPU();
-  AttnSpec s;
-  s.decode = false;
-  s.num_q_heads = 8;
-  s.num_kv_heads = 1;
-  s.page_size = 64;
-  s.seq_lens = {2048, 3584};
-  s.q_lens = {2048, 512};
-  s.seed = 2300;
-  AttnCase c = build_case(s);
-  check_case(c, "2k prompt + 512 after 3k");
-  s.window_left = 1023;
-  s.release_before_window = true;
-  s.seed = 2301;
-  AttnCase w = build_case(s);
-  check_case(w, "same, window 1023");
+  AttnCase c = gpu_case(/*decode=*/false);
+  c.Hkv = 1;
+  c.page_size = 64;
+  c.kv_lens = {2048, 3584};
+  c.q_lens = {2048, 512};
+  c.seed = 2300;
+  c.name = "2k prompt + 512 after 3k";
+  check_case(c);
+  c.window_left = 1023;
+  c.release_window_pages = true;
+  c.seed = 2301;
+  c.name = "same, window 1023";
+  check_case(c);
 }
 
-// Prefill of a prompt == prefill in two chunks (second with the first as prefix).
+// Prefill of a prompt == prefill of its last 120 queries with the rest as prefix.
 TEST(GpuPrefill, ChunkedEqualsWhole) {
   REQUIRE_GPU();
-  AttnSpec s;
-  s.decode = false;
-  s.seq_lens = {300};
-  s.q_lens = {300};
-  s.seed = 2400;
-  AttnCase whole = build_case(s);
-  const Result rw = run_gpu(whole);
-  AttnCase tail = build_case(s);  // same cache and q; queries are the last 120 rows
-  const int n = 120;
-  tail.q = Tensor(s.q_dtype, {n, s.num_q_heads, s.head_dim});
-  for (int r = 0; r < n; ++r)
-    for (int h = 0; h < s.num_q_heads; ++h)
-      for (int d = 0; d < s.head_dim; ++d) tail.q.set(tail.q.offset({r, h, d}), whole.q.get(whole.q.offset({300 - n + r, h, d})));
-  tail.out = Tensor(s.q_dtype, {n, s.num_q_heads, s.head_dim});
-  tail.lse = Tensor(DType::fp32, {n, s.num_q_heads});
-  tail.cu_seqlens_q = int32_tensor({0, n});
-  tail.rows = n;
-  tail.qlen = {n};
-  tail.first_row = {0, n};
-  const Result rt = run_gpu(tail);
-  for (int r = 0; r < n; ++r)
-    for (int h = 0; h < s.num_q_heads; ++h)
-      for (int d = 0; d < s.head_dim; ++d) {
-        const double a = rt.out.get(rt.out.offset({r, h, d})), e = rw.out.get(rw.out.offset({300 - n + r, h, d}));
-        ASSERT_NEAR(a, e, 1e-2 * std::fabs(e) + 2e-3) << r << "," << h << "," << d;
-      }
+  AttnCase c = gpu_case(/*decode=*/false);
+  const int S = 300, n = 120;
+  c.kv_lens = {S};
+  c.q_lens = {S};
+  c.seed = 2400;
+  const AttnProblem whole = build(c);
+  DeviceMirror dev;
+  run_gpu(whole, dev);
+  ASSERT_TRUE(check_attention(whole, whole.reference()));
+  AttnProblem tail = whole;  // same cache, table and lengths; queries: the last n rows
+  tail.max_q_len = n;
+  tail.out = make_tensor(whole.out.dtype, {n, c.Hq, c.D});
+  tail.lse = make_tensor(DType::fp32, {n, c.Hq});
+  const HostTensor cu = make_int32({0, n});
+  AttnViews v = dev.views(whole);
+  v.q = row_slice(v.q, S - n, n);
+  v.cu_seqlens_q = dev.view(cu);
+  v.out = dev.view(tail.out);
+  v.lse = dev.view(tail.lse);
+  launch(tail, v);
+  dev.download(tail.out);
+  EXPECT_TRUE(close_rows(tail.out, 0, whole.out, S - n, n));
 }
 
 }  // namespace

@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Plot a `pagedmha replay --json` report: step latency vs batch tokens, and KV pages in use over time."""
+import argparse
+import json
+import sys
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("report", help="JSON written by pagedmha replay --json")
+    ap.add_argument("-o", "--output", default="replay.png", help="image file (PNG)")
+    args = ap.parse_args()
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plot_replay.py: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        return 1
+    with open(args.report) as f:
+        rep = json.load(f)
+    steps = rep["steps"]
+    groups = [g["name"] for g in rep["model"]["cache_groups"]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for kind, color in (("decode", "tab:blue"), ("extend", "tab:orange")):
+        sel = [s for s in steps if (s["extend_rows"] == 0) == (kind == "decode")]
+        a.scatter([s["tokens"] for s in sel], [s["attention_us"] for s in sel], s=6, alpha=0.6, color=color,
+                  label=f"{kind} steps ({len(sel)})")
+    a.set_xlabel("query tokens in the step")
+    a.set_ylabel("attention time, all layers [us]")
+    a.set_xscale("symlog")
+    a.set_yscale("log")
+    a.set_title("step latency vs batch tokens")
+    a.legend()
+    for gi, name in enumerate(groups):
+        b.plot([s["step"] for s in steps], [s["pages_in_use"][gi] for s in steps], label=name)
+    b.axhline(rep["options"]["pages_per_group"] - 1, color="gray", ls="--", lw=1, label="pool capacity")
+    b.set_xlabel("step")
+    b.set_ylabel("KV pages in use")
+    b.set_title("KV pages in use over time")
+    b.legend()
+    s = rep["summary"]
+    fig.suptitle(f"{rep['model']['name']} on {rep['device']}: {s['requests']} requests, {s['steps']} steps, "
+                 f"{s['achieved_tbps']:.3f} TB/s, {s['achieved_tflops']:.2f} TFLOP/s, "
+                 f"prefix hit {s['prefix_hit_rate']:.1%}, preemptions {s['preemptions']}")
+    fig.tight_layout()
+    fig.savefig(args.output, dpi=110)
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

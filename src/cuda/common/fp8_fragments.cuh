@@ -1,0 +1,115 @@
+// mma fragments straight from raw fp8 e4m3 K / V tiles in shared memory (no dequantised
+// copy, no extra barrier): ldmatrix treats each pair of fp8 bytes as one b16 element and
+// the registers are converted in place (exact: e4m3 is a subset of bf16 and fp16).
+//
+// S = Q K^T: a non-transposed ldmatrix of 8 keys x 16 fp8 dims gives lane (g, t) the
+//   dims 4t..4t+3 of key g. They serve as the B fragment's k indices (2t, 2t+1, 2t+8,
+//   2t+9); the dot product is invariant under permuting k if Q uses the same one, so Q's
+//   A fragment takes dims 4t..4t+3 of its rows (one 8-byte load per row) for those k.
+// O += P V: a transposed ldmatrix of 8 keys x 16 fp8 dims gives lane (g, t) the bytes
+//   (key 2t, dim 2g), (2t, 2g + 1), (2t + 1, 2g), (2t + 1, 2g + 1): one byte permute splits
+//   them into the B fragments (keys 2t, 2t + 1) of dim 2g and of dim 2g + 1. So of a
+//   16-dim chunk c, accumulator 2c holds the even dims and 2c + 1 the odd ones:
+//   acc[2c][e], e = 0, 1 -> dim 16c + 4t + 2e; acc[2c + 1][e] -> 16c + 4t + 2e + 1
+//   (rows g, and g + 8 for e = 2, 3). P and V use fp16 mma: P in [0, 1] keeps more bits
+//   in fp16 than in bf16, and fp8 -> fp16 is one instruction per pair.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/common/convert.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/paged_loader.cuh"
+
+namespace pagedmha::cuda {
+
+/// s[mt] += Q K^T over the warp's KW keys of a raw fp8 K tile at k_base.
+template <class Tr>
+__device__ __forceinline__ void qk_fp8(float (&s)[Tr::MT][Tr::KW / 8][4], uint32_t q_base, uint32_t k_base, int wm,
+                                       int wn, int lane) {
+  using T = typename Tr::T;
+  constexpr int D = Tr::D, KW = Tr::KW, MT = Tr::MT, kRaw = D / 16;
+  static_assert(kRaw % 2 == 0, "k16 steps in pairs");
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk += 2) {
+    uint32_t qa[2][MT][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int r = (wm * MT + mt) * 16 + g;
+        const int c = 2 * (kk + j) + (t >> 1);  // T chunk holding dims 16 (kk + j) + 4t..+3
+        const uint32_t off = (t & 1) * 8;
+        lds64(qa[j][mt][0], qa[j][mt][2], q_base + swizzle<Tr::kChunks>(r, c) + off);
+        lds64(qa[j][mt][1], qa[j][mt][3], q_base + swizzle<Tr::kChunks>(r + 8, c) + off);
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < KW / 16; ++np) {
+      // Matrices: keys 0-7 / 8-15 of the 16-key block, fp8 chunks kk / kk + 1.
+      uint32_t kw[4];
+      const int key = wn * KW + np * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+      ldmatrix_x4(kw, k_base + swizzle_rows<kRaw>(key, kk + (lane >> 4)));
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        uint32_t b0[2], b1[2];
+        fp8x4_to<T>(kw[2 * j], b0[0], b0[1]);
+        fp8x4_to<T>(kw[2 * j + 1], b1[0], b1[1]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(s[mt][2 * np], qa[j][mt], b0[0], b0[1]);
+          mma_16816<T>(s[mt][2 * np + 1], qa[j][mt], b1[0], b1[1]);
+        }
+      }
+    }
+  }
+}
+
+/// acc[mt] += P V over the warp's KW keys of a raw fp8 V tile at v_base (P = s, already
+/// exponentiated); accumulator columns in the even / odd layout above.
+template <class Tr>
+__device__ __forceinline__ void pv_fp8(float (&acc)[Tr::MT][Tr::D / 8][4], const float (&s)[Tr::MT][Tr::KW / 8][4],
+                                       uint32_t v_base, int wn, int lane) {
+  constexpr int D = Tr::D, KW = Tr::KW, MT = Tr::MT, kRaw = D / 16;
+#pragma unroll
+  for (int kk = 0; kk < KW / 16; ++kk) {
+    uint32_t pa[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      pa[mt][0] = pack2<__half>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+      pa[mt][1] = pack2<__half>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+      pa[mt][2] = pack2<__half>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+      pa[mt][3] = pack2<__half>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+    }
+    const int key = wn * KW + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+    for (int c = 0; c < kRaw; c += 2) {
+      // Matrices: keys 0-7 / 8-15 of the k16 step, fp8 chunks c / c + 1.
+      uint32_t vw[4];
+      ldmatrix_x4_trans(vw, v_base + swizzle_rows<kRaw>(key, c + (lane >> 4)));
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        uint32_t e0, o0, e1, o1;
+        fp8x4_deinterleave_to_half(vw[2 * j], e0, o0);      // keys 2t, 2t + 1
+        fp8x4_deinterleave_to_half(vw[2 * j + 1], e1, o1);  // keys 2t + 8, 2t + 9
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<__half>(acc[mt][2 * (c + j)], pa[mt], e0, e1);
+          mma_16816<__half>(acc[mt][2 * (c + j) + 1], pa[mt], o0, o1);
+        }
+      }
+    }
+  }
+}
+
+/// Dims 16c + 4t .. 16c + 4t + 3 of row g (h = 0) or g + 8 (h = 1) from an accumulator
+/// in the even / odd layout of pv_fp8.
+template <int ND>
+__device__ __forceinline__ float4 fp8_acc_dims(const float (&acc)[ND][4], int c, int h) {
+  return make_float4(acc[2 * c][2 * h], acc[2 * c + 1][2 * h], acc[2 * c][2 * h + 1], acc[2 * c + 1][2 * h + 1]);
+}
+
+}  // namespace pagedmha::cuda
