@@ -20,29 +20,31 @@ def main() -> int:
         return 1
     with open(args.report) as f:
         rep = json.load(f)
-    steps = rep["steps"]
+    cols = rep["steps"]  # columns of the (strided) per-step records
+    n = len(cols["step"])
     groups = [g["name"] for g in rep["model"]["cache_groups"]]
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
     for kind, color in (("decode", "tab:blue"), ("extend", "tab:orange")):
-        sel = [s for s in steps if (s["extend_rows"] == 0) == (kind == "decode")]
-        a.scatter([s["tokens"] for s in sel], [s["attention_us"] for s in sel], s=6, alpha=0.6, color=color,
-                  label=f"{kind} steps ({len(sel)})")
+        sel = [i for i in range(n) if (cols["extend_rows"][i] == 0) == (kind == "decode")]
+        a.scatter([cols["tokens"][i] for i in sel], [cols["attention_us"][i] for i in sel], s=6, alpha=0.6,
+                  color=color, label=f"{kind} steps ({len(sel)} shown)")
     a.set_xlabel("query tokens in the step")
     a.set_ylabel("attention time, all layers [us]")
     a.set_xscale("symlog")
     a.set_yscale("log")
-    a.set_title("step latency vs batch tokens")
+    a.set_title("step latency vs batch tokens" + (f" (every {cols['stride']}th step)" if cols["stride"] > 1 else ""))
     a.legend()
     for gi, name in enumerate(groups):
-        b.plot([s["step"] for s in steps], [s["pages_in_use"][gi] for s in steps], label=name)
+        b.plot(cols["step"], cols["pages_in_use"][gi], label=name)
     b.axhline(rep["options"]["pages_per_group"] - 1, color="gray", ls="--", lw=1, label="pool capacity")
     b.set_xlabel("step")
     b.set_ylabel("KV pages in use")
     b.set_title("KV pages in use over time")
     b.legend()
     s = rep["summary"]
+    roof = f"roofline ratio {s['ratio_roofline']:.3f}, " if s.get("ratio_roofline") is not None else ""
     fig.suptitle(f"{rep['model']['name']} on {rep['device']}: {s['requests']} requests, {s['steps']} steps, "
-                 f"{s['achieved_tbps']:.3f} TB/s, {s['achieved_tflops']:.2f} TFLOP/s, "
+                 f"{s['achieved_tbps']:.3f} TB/s, {s['achieved_tflops']:.2f} TFLOP/s, {roof}"
                  f"prefix hit {s['prefix_hit_rate']:.1%}, preemptions {s['preemptions']}")
     fig.tight_layout()
     fig.savefig(args.output, dpi=110)

@@ -59,6 +59,12 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
   c->add_option("--check-rows", o.check_rows, "Batch rows checked per checked step [rows]");
   c->add_option("--max-steps", o.max_steps, "Stop after this many steps (-1: run to completion) [steps]");
   c->add_option("--seed", o.seed, "Seed of the workload, the token data and the acceptance model");
+  c->add_option("--ceiling-read-tbps", o.ceiling_read_tbps, "Read-bandwidth ceiling of the roofline figures "
+                 "(default on a GPU: the H200's measured 4.6; CPU: none) [TB/s]");
+  c->add_option("--ceiling-tflops", o.ceiling_tflops, "Tensor-core ceiling of the roofline figures (default on a "
+                 "GPU: the H200's measured bf16 GEMM 760; CPU: none) [TFLOP/s]");
+  c->add_option("--json-steps", o.json_steps, "Per-step records kept in --json (evenly strided; the summary "
+                 "covers every step) [records]");
   c->add_option("--json", o.json, "Write the full report (summary and per-step records) to this file");
   c->add_flag("!--no-progress", o.progress, "No live progress on stderr");
   c->add_flag("--quiet", o.quiet, "No final table on stdout");

@@ -13,6 +13,7 @@
 #include "pagedmha/registry.h"
 #include "replay/datagen.h"
 #include "replay/graph.h"
+#include "replay/page_table_mirror.h"
 #include "replay/timer.h"
 
 namespace pagedmha::tools {
@@ -82,7 +83,10 @@ class BackendExecutor final : public AttentionExecutor {
     out_ = Buffer::empty({T, m.num_q_heads, m.head_dim}, cfg_.q_dtype, dev_);
     seq_lens_ = Buffer::empty({cfg_.max_rows}, DType::int32, dev_);
     if (dev_.is_cuda()) tokens_dev_ = Buffer(static_cast<size_t>(T) * sizeof(TokenRef), dev_);
-    tables_.resize(m.groups.size());
+    for (size_t g = 0; g < m.groups.size(); ++g)
+      tables_.push_back(Buffer::empty({cfg_.max_rows, backend_->max_num_pages()}, DType::int32, dev_));
+    mirror_ = std::make_unique<PageTableMirror>(dev_, static_cast<int>(m.groups.size()), cfg_.max_rows,
+                                                backend_->max_num_pages(), cfg_.page_size, stream_);
     if (dev_.is_cuda() && cfg_.cuda_graphs) {
       std::vector<KvCacheView> kv;
       for (int l = 0; l < m.num_layers; ++l) kv.push_back({cache_view(k_cache_[l]), cache_view(v_cache_[l])});
@@ -95,14 +99,17 @@ class BackendExecutor final : public AttentionExecutor {
            (graphs_ ? ", CUDA graphs for decode steps" : "");
   }
 
-  double take_metadata_seconds() override {
-    const double s = metadata_seconds_;
-    metadata_seconds_ = 0.0;
-    return s;
+  StepHostTimes take_host_times() override {
+    StepHostTimes t = times_;
+    if (graphs_) t.capture_s = graphs_->take_capture_seconds();
+    t.prepare_s -= t.capture_s + t.metadata_s;  // prepare_s was measured around all three
+    times_ = {};
+    return t;
   }
 
-  double run_step(const StepPlan& plan, const std::vector<CapturePoint>& capture,
-                  std::vector<std::vector<float>>* captured) override {
+  double run_step(const StepPlan& plan, const std::vector<RequestState>& states,
+                  const std::vector<CapturePoint>& capture, std::vector<std::vector<float>>* captured) override {
+    const auto t0 = std::chrono::steady_clock::now();
     const ModelSpec& m = cfg_.model;
     const int bs = static_cast<int>(plan.rows.size());
     const std::vector<TokenRef>& tokens = plan.tokens;
@@ -113,20 +120,23 @@ class BackendExecutor final : public AttentionExecutor {
     const bool extend = plan.num_extend > 0;
     if (captured) captured->assign(capture.size(), {});
     if (!extend && graphs_) {
-      const auto t0 = std::chrono::steady_clock::now();
-      graphs_->prepare(plan, tokens);
-      metadata_seconds_ += host_seconds_since(t0);
+      graphs_->prepare(plan, states, *mirror_, &times_.metadata_s);
+      times_.prepare_s += host_seconds_since(t0);
       return graphs_->replay(plan, capture, captured);
     }
 
-    // Host copies of the step's lengths and per-group tables, then the device ones.
-    std::vector<int32_t> seq(bs), ext(bs), prefix(bs);
+    // The step's lengths (host and device) and the tables gathered from the mirror.
+    std::vector<int32_t>& seq = seq_host_;
+    std::vector<int32_t>& ext = ext_host_;
+    std::vector<int32_t>& prefix = prefix_host_;
+    seq.resize(bs), ext.resize(bs), prefix.resize(bs);
     for (int i = 0; i < bs; ++i) {
       seq[i] = plan.rows[i].seq_len;
       ext[i] = plan.rows[i].q_len;
       prefix[i] = plan.rows[i].prefix_len;
     }
     copy_bytes(seq_lens_.data(), dev_, seq.data(), Device::cpu(), seq.size() * 4, stream_);
+    mirror_->sync(plan, states, bs);
     ForwardBatch fb;
     fb.forward_mode = extend ? (plan.num_decode() > 0 ? ForwardMode::mixed : ForwardMode::extend)
                              : (cfg_.spec_tokens > 1 ? ForwardMode::target_verify : ForwardMode::decode);
@@ -136,16 +146,16 @@ class BackendExecutor final : public AttentionExecutor {
     fb.extend_seq_lens_cpu = TensorView(ext.data(), DType::int32, Device::cpu(), {bs});
     fb.extend_prefix_lens_cpu = TensorView(prefix.data(), DType::int32, Device::cpu(), {bs});
     for (size_t g = 0; g < m.groups.size(); ++g) {
-      const size_t bytes = plan.page_tables[g].size() * 4;
-      if (tables_[g].bytes() < bytes) tables_[g] = Buffer(std::max(bytes, 2 * tables_[g].bytes()), dev_);
-      copy_bytes(tables_[g].data(), dev_, plan.page_tables[g].data(), Device::cpu(), bytes, stream_);
-      fb.group_tables.push_back({m.groups[g].name, tables_[g].view({bs, plan.cols}, DType::int32)});
+      const TensorView t = tables_[g].view({bs, plan.cols}, DType::int32);
+      mirror_->gather(static_cast<int>(g), fb.seq_lens, t, bs, plan.cols);
+      fb.group_tables.push_back({m.groups[g].name, t});
     }
     if (dev_.is_cuda()) copy_bytes(tokens_dev_.data(), dev_, tokens.data(), Device::cpu(), T * sizeof(TokenRef), stream_);
 
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t1 = std::chrono::steady_clock::now();
     backend_->init_forward_metadata(fb);
-    metadata_seconds_ += host_seconds_since(t0);
+    times_.metadata_s += host_seconds_since(t1);
+    times_.prepare_s += host_seconds_since(t0);  // the backend's share is taken out in take_host_times
 
     const TensorView q = q_.view({T, m.num_q_heads, m.head_dim}, cfg_.q_dtype);
     const TensorView k = k_.view({T, m.num_kv_heads, m.head_dim}, cfg_.q_dtype);
@@ -202,7 +212,9 @@ class BackendExecutor final : public AttentionExecutor {
   std::vector<Buffer> sinks_, k_cache_, v_cache_, tables_;
   Buffer q_, k_, v_, out_, seq_lens_, tokens_dev_;
   std::unique_ptr<DecodeGraphs> graphs_;
-  double metadata_seconds_ = 0.0;
+  std::unique_ptr<PageTableMirror> mirror_;
+  std::vector<int32_t> seq_host_, ext_host_, prefix_host_;
+  StepHostTimes times_;
 };
 
 }  // namespace

@@ -31,6 +31,13 @@ struct ExecutorConfig {
   bool cuda_graphs = true;      // decode steps through CUDA graphs (GPU)
 };
 
+/// Host seconds of one step outside the timed attention (since the last take).
+struct StepHostTimes {
+  double metadata_s = 0.0;  // the backend: init_forward_metadata / _replay_cuda_graph
+  double prepare_s = 0.0;   // the tool: lengths, page-table sync and gather, token data
+  double capture_s = 0.0;   // one-off CUDA-graph capture and instantiation
+};
+
 /// Output row `token_row` (index into the step's query tokens) of layer `layer`.
 struct CapturePoint {
   int64_t token_row = 0;
@@ -44,11 +51,11 @@ class AttentionExecutor {
   /// Runs every layer of `plan`: generates the new tokens' q/k/v (untimed), writes
   /// K/V into the layer's paged cache and attends (timed). Returns the timed seconds.
   /// For each capture point, appends the fp32 output row [Hq * D] to `captured`.
-  virtual double run_step(const StepPlan& plan, const std::vector<CapturePoint>& capture,
-                          std::vector<std::vector<float>>* captured) = 0;
-  /// Host seconds of metadata preparation (init_forward_metadata or the graph replay
-  /// preparation) since the last call.
-  virtual double take_metadata_seconds() = 0;
+  /// `states`: the scheduler's request states (their pages feed the page tables).
+  virtual double run_step(const StepPlan& plan, const std::vector<RequestState>& states,
+                          const std::vector<CapturePoint>& capture, std::vector<std::vector<float>>* captured) = 0;
+  /// Host times since the last call (StepHostTimes).
+  virtual StepHostTimes take_host_times() = 0;
 };
 
 /// Serves the steps through MhaBackend (registry name "pagedmha"): init_forward_metadata,

@@ -1,6 +1,7 @@
 #include "replay/graph.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "pagedmha/error.h"
@@ -45,12 +46,11 @@ DecodeGraphs::DecodeGraphs(MhaBackend& backend, const ExecutorConfig& config, co
     tables_.push_back(Buffer::empty({cfg_.max_rows, max_pages_}, DType::int32, dev));
     fill_bytes(tables_.back().data(), dev, 0, tables_.back().bytes(), stream_);
   }
-  for (int l = 0; l < m.num_layers; ++l) {
-    q_.push_back(Buffer::empty({rows, m.num_q_heads, m.head_dim}, cfg_.q_dtype, dev));
-    k_.push_back(Buffer::empty({rows, m.num_kv_heads, m.head_dim}, cfg_.q_dtype, dev));
-    v_.push_back(Buffer::empty({rows, m.num_kv_heads, m.head_dim}, cfg_.q_dtype, dev));
-    out_.push_back(Buffer::empty({rows, m.num_q_heads, m.head_dim}, cfg_.q_dtype, dev));
-  }
+  const int64_t L = m.num_layers;
+  q_ = Buffer::empty({L, rows, m.num_q_heads, m.head_dim}, cfg_.q_dtype, dev);
+  k_ = Buffer::empty({L, rows, m.num_kv_heads, m.head_dim}, cfg_.q_dtype, dev);
+  v_ = Buffer::empty({L, rows, m.num_kv_heads, m.head_dim}, cfg_.q_dtype, dev);
+  out_ = Buffer::empty({L, rows, m.num_q_heads, m.head_dim}, cfg_.q_dtype, dev);
   backend_.init_cuda_graph_state(cfg_.max_rows, seq_lens_buf_.view({cfg_.max_rows}, DType::int32), group_ids_);
 }
 
@@ -64,7 +64,15 @@ int DecodeGraphs::bucket(int bs) const {
   return std::min(b, cfg_.max_rows);
 }
 
+// Layer l's [rows, H, D] view of a [layers, max_bs * N, H, D] buffer.
+static TensorView layer_rows(const Buffer& b, int l, int64_t rows, int heads, const ExecutorConfig& c) {
+  const int64_t per_layer = int64_t{c.max_rows} * c.spec_tokens * heads * c.model.head_dim;
+  return TensorView(static_cast<char*>(b.data()) + l * per_layer * dtype_size(c.q_dtype), c.q_dtype, b.device(),
+                    {rows, heads, c.model.head_dim});
+}
+
 void DecodeGraphs::capture(int bs) {
+  const auto t0 = std::chrono::steady_clock::now();
   const ModelSpec& m = cfg_.model;
   const ForwardMode mode = cfg_.spec_tokens > 1 ? ForwardMode::target_verify : ForwardMode::decode;
   const int64_t rows = int64_t{bs} * cfg_.spec_tokens;
@@ -74,10 +82,10 @@ void DecodeGraphs::capture(int bs) {
   check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
   try {
     for (int l = 0; l < m.num_layers; ++l) {
-      const TensorView q = q_[l].view({rows, m.num_q_heads, m.head_dim}, cfg_.q_dtype);
-      const TensorView k = k_[l].view({rows, m.num_kv_heads, m.head_dim}, cfg_.q_dtype);
-      const TensorView v = v_[l].view({rows, m.num_kv_heads, m.head_dim}, cfg_.q_dtype);
-      const TensorView out = out_[l].view({rows, m.num_q_heads, m.head_dim}, cfg_.q_dtype);
+      const TensorView q = layer_rows(q_, l, rows, m.num_q_heads, cfg_);
+      const TensorView k = layer_rows(k_, l, rows, m.num_kv_heads, cfg_);
+      const TensorView v = layer_rows(v_, l, rows, m.num_kv_heads, cfg_);
+      const TensorView out = layer_rows(out_, l, rows, m.num_q_heads, cfg_);
       backend_.forward_decode(q, k, v, layers_[l], kv_[l], TensorView{}, bs, out);
     }
   } catch (...) {
@@ -92,42 +100,52 @@ void DecodeGraphs::capture(int bs) {
   check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
   cudaGraphDestroy(graph);
   graphs_[bs] = exec;
+  capture_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void DecodeGraphs::prepare(const StepPlan& plan, const std::vector<TokenRef>& tokens) {
+double DecodeGraphs::take_capture_seconds() {
+  const double s = capture_seconds_;
+  capture_seconds_ = 0.0;
+  return s;
+}
+
+void DecodeGraphs::prepare(const StepPlan& plan, const std::vector<RequestState>& states, PageTableMirror& tables,
+                           double* backend_seconds) {
   const ModelSpec& m = cfg_.model;
   const Device dev = cfg_.device;
   const int bs = static_cast<int>(plan.rows.size());
   const int padded = bucket(bs);
   const int N = cfg_.spec_tokens;
   if (!graphs_.count(padded)) capture(padded);
-  // Padded rows: seq_len 1, all-zero table rows (page 0), token (0, 0).
-  std::vector<int32_t> seq(padded, 1);
-  for (int i = 0; i < bs; ++i) seq[i] = plan.rows[i].seq_len;
-  copy_bytes(seq_lens_buf_.data(), dev, seq.data(), Device::cpu(), seq.size() * 4, stream_);
+  // Padded rows: seq_len 1, slot 0 (an all-zero table row: page 0), token (0, 0).
+  seq_host_.assign(static_cast<size_t>(padded), 1);
+  for (int i = 0; i < bs; ++i) seq_host_[i] = plan.rows[i].seq_len;
+  copy_bytes(seq_lens_buf_.data(), dev, seq_host_.data(), Device::cpu(), seq_host_.size() * 4, stream_);
+  tables.sync(plan, states, padded);
   ForwardBatch fb;
   fb.forward_mode = N > 1 ? ForwardMode::target_verify : ForwardMode::decode;
   fb.batch_size = padded;
   fb.seq_lens = seq_lens_buf_.view({padded}, DType::int32);
-  std::vector<int32_t> table(static_cast<size_t>(padded) * plan.cols, 0);
   for (size_t g = 0; g < group_ids_.size(); ++g) {
-    std::copy(plan.page_tables[g].begin(), plan.page_tables[g].end(), table.begin());
-    copy_bytes(tables_[g].data(), dev, table.data(), Device::cpu(), table.size() * 4, stream_);
-    fb.group_tables.push_back({group_ids_[g], tables_[g].view({padded, plan.cols}, DType::int32)});
+    const TensorView t = tables_[g].view({padded, plan.cols}, DType::int32);
+    tables.gather(static_cast<int>(g), fb.seq_lens, t, padded, plan.cols);
+    fb.group_tables.push_back({group_ids_[g], t});
   }
-  std::vector<TokenRef> padded_tokens(tokens);
-  padded_tokens.resize(static_cast<size_t>(padded) * N, TokenRef{});
-  copy_bytes(tokens_.data(), dev, padded_tokens.data(), Device::cpu(), padded_tokens.size() * sizeof(TokenRef), stream_);
-  const int64_t rows = static_cast<int64_t>(padded_tokens.size());
-  for (int l = 0; l < m.num_layers; ++l) {
-    fill_tokens_cuda(q_[l].view({rows, m.num_q_heads, m.head_dim}, cfg_.q_dtype), static_cast<TokenRef*>(tokens_.data()), rows,
-                     cfg_.seed, l, TokenTensor::q, stream_);
-    fill_tokens_cuda(k_[l].view({rows, m.num_kv_heads, m.head_dim}, cfg_.q_dtype), static_cast<TokenRef*>(tokens_.data()), rows,
-                     cfg_.seed, l, TokenTensor::k, stream_);
-    fill_tokens_cuda(v_[l].view({rows, m.num_kv_heads, m.head_dim}, cfg_.q_dtype), static_cast<TokenRef*>(tokens_.data()), rows,
-                     cfg_.seed, l, TokenTensor::v, stream_);
-  }
+  tokens_host_.assign(plan.tokens.begin(), plan.tokens.end());
+  tokens_host_.resize(static_cast<size_t>(padded) * N, TokenRef{});
+  copy_bytes(tokens_.data(), dev, tokens_host_.data(), Device::cpu(), tokens_host_.size() * sizeof(TokenRef), stream_);
+  const int64_t rows = static_cast<int64_t>(tokens_host_.size());
+  const int64_t all = int64_t{cfg_.max_rows} * N;
+  const auto* tok = static_cast<const TokenRef*>(tokens_.data());
+  fill_tokens_layers_cuda(q_.view({m.num_layers, all, m.num_q_heads, m.head_dim}, cfg_.q_dtype), tok, rows, cfg_.seed,
+                          TokenTensor::q, stream_);
+  fill_tokens_layers_cuda(k_.view({m.num_layers, all, m.num_kv_heads, m.head_dim}, cfg_.q_dtype), tok, rows, cfg_.seed,
+                          TokenTensor::k, stream_);
+  fill_tokens_layers_cuda(v_.view({m.num_layers, all, m.num_kv_heads, m.head_dim}, cfg_.q_dtype), tok, rows, cfg_.seed,
+                          TokenTensor::v, stream_);
+  const auto t0 = std::chrono::steady_clock::now();
   backend_.init_forward_metadata_replay_cuda_graph(fb);
+  *backend_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   prepared_bs_ = padded;
 }
 
@@ -143,8 +161,8 @@ double DecodeGraphs::replay(const StepPlan& plan, const std::vector<CapturePoint
   std::vector<uint16_t> tmp(row);
   for (size_t i = 0; i < capture.size(); ++i) {
     const CapturePoint& c = capture[i];
-    copy_bytes(tmp.data(), Device::cpu(), static_cast<uint16_t*>(out_[c.layer].data()) + c.token_row * row, cfg_.device, row * 2,
-               stream_);
+    const TensorView out = layer_rows(out_, c.layer, c.token_row + 1, cfg_.model.num_q_heads, cfg_);
+    copy_bytes(tmp.data(), Device::cpu(), out.ptr<uint16_t>() + c.token_row * row, cfg_.device, row * 2, stream_);
     synchronize(stream_);
     std::vector<float> f(row);
     for (int64_t j = 0; j < row; ++j)
@@ -168,7 +186,8 @@ DecodeGraphs::DecodeGraphs(MhaBackend& backend, const ExecutorConfig& config, co
 DecodeGraphs::~DecodeGraphs() = default;
 int DecodeGraphs::bucket(int bs) const { return bs; }
 void DecodeGraphs::capture(int) {}
-void DecodeGraphs::prepare(const StepPlan&, const std::vector<TokenRef>&) {}
+void DecodeGraphs::prepare(const StepPlan&, const std::vector<RequestState>&, PageTableMirror&, double*) {}
+double DecodeGraphs::take_capture_seconds() { return 0.0; }
 double DecodeGraphs::replay(const StepPlan&, const std::vector<CapturePoint>&, std::vector<std::vector<float>>*) {
   return 0.0;
 }

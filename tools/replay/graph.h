@@ -8,6 +8,7 @@
 
 #include "pagedmha/backend.h"
 #include "replay/executor.h"
+#include "replay/page_table_mirror.h"
 #include "replay/timer.h"
 
 namespace pagedmha::tools {
@@ -34,9 +35,14 @@ class DecodeGraphs {
                const std::vector<KvCacheView>& kv, Stream stream);
   ~DecodeGraphs();
 
-  /// Untimed: pads the step to a captured batch size (capturing it on first use), fills
-  /// the lengths / tables / token data and runs init_forward_metadata_replay_cuda_graph.
-  void prepare(const StepPlan& plan, const std::vector<TokenRef>& tokens);
+  /// Untimed: pads the step to a captured batch size (capturing it on first use, see
+  /// take_capture_seconds), fills the lengths, gathers the step's tables from `tables`
+  /// (synced here), generates every layer's q/k/v (three launches) and runs
+  /// init_forward_metadata_replay_cuda_graph, whose host seconds go to *backend_seconds.
+  void prepare(const StepPlan& plan, const std::vector<RequestState>& states, PageTableMirror& tables,
+               double* backend_seconds);
+  /// Host seconds spent capturing and instantiating graphs since the last call.
+  double take_capture_seconds();
   /// Replays the prepared graph; returns its device seconds.
   double replay(const StepPlan& plan, const std::vector<CapturePoint>& capture,
                 std::vector<std::vector<float>>* captured);
@@ -55,9 +61,12 @@ class DecodeGraphs {
   int max_pages_ = 0;
   Buffer seq_lens_buf_, tokens_;
   std::vector<Buffer> tables_;                // per group [max_bs, max_pages]
-  std::vector<Buffer> q_, k_, v_, out_;       // per layer [max_bs * N, H, D]
+  Buffer q_, k_, v_, out_;                    // [layers, max_bs * N, H, D]
   std::map<int, void*> graphs_;               // bs -> cudaGraphExec_t
   int prepared_bs_ = 0;
+  double capture_seconds_ = 0.0;
+  std::vector<int32_t> seq_host_;
+  std::vector<TokenRef> tokens_host_;
 };
 
 }  // namespace pagedmha::tools

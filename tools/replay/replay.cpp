@@ -151,6 +151,8 @@ ReplayOptions resolve_replay_defaults(const ReplayOptions& in, Device device) {
   if (o.token_budget < 0) o.token_budget = gpu ? 8192 : 2048;
   if (o.max_running < 0) o.max_running = gpu ? 256 : 16;
   if (o.check_every < 0) o.check_every = gpu ? 200 : 16;
+  if (o.ceiling_read_tbps < 0) o.ceiling_read_tbps = gpu ? 4.6 : 0.0;
+  if (o.ceiling_tflops < 0) o.ceiling_tflops = gpu ? 760.0 : 0.0;
   return o;
 }
 
@@ -215,6 +217,7 @@ ReplayResult run_replay(const ReplayOptions& given) {
   sc.accept_rate = o.accept_rate;
   sc.prefix_cache = o.prefix_cache;
   sc.seed = o.seed;
+  sc.host_tables = false;  // the executor keeps device tables from the requests' pages
   if (o.accept_rate < 0.0 || o.accept_rate > 1.0)
     throw_invalid_argument("replay", "--accept-rate", "0..1", std::to_string(o.accept_rate));
   if (o.check_every < 0 || o.check_rows < 1)
@@ -242,7 +245,9 @@ ReplayResult run_replay(const ReplayOptions& given) {
   const double q_bytes = double(dtype_size(q_dtype)), kv_bytes = double(dtype_size(kv_dtype));
   const double tokens_total = double(res.prompt_tokens + res.output_tokens);
   while (!sched.done() && (o.max_steps < 0 || static_cast<int64_t>(res.steps.size()) < o.max_steps)) {
+    const auto ts0 = std::chrono::steady_clock::now();
     const StepPlan plan = sched.schedule();
+    double schedule_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts0).count();
     const bool check = o.check_every > 0 && plan.step % o.check_every == 0;
     std::vector<std::pair<int, int>> queries;
     const std::vector<CapturePoint> points =
@@ -250,8 +255,11 @@ ReplayResult run_replay(const ReplayOptions& given) {
     std::vector<std::vector<float>> got;
     StepRecord rec;
     rec.step = plan.step;
-    rec.attention_s = exec->run_step(plan, points, &got);
-    rec.metadata_s = exec->take_metadata_seconds();
+    rec.attention_s = exec->run_step(plan, sched.states(), points, &got);
+    const StepHostTimes host = exec->take_host_times();
+    rec.metadata_s = host.metadata_s;
+    rec.prepare_s = host.prepare_s;
+    rec.capture_s = host.capture_s;
     rec.rows = static_cast<int>(plan.rows.size());
     rec.extend_rows = plan.num_extend;
     rec.decode_rows = plan.num_decode();
@@ -293,7 +301,10 @@ ReplayResult run_replay(const ReplayOptions& given) {
         }
       }
     }
+    const auto tc0 = std::chrono::steady_clock::now();
     sched.complete(plan);
+    schedule_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - tc0).count();
+    rec.schedule_s = schedule_s;
     rec.running = sched.running();
     rec.waiting = sched.waiting();
     res.steps.push_back(rec);
@@ -318,28 +329,44 @@ ReplayResult run_replay(const ReplayOptions& given) {
 
 nlohmann::json replay_report_json(const ReplayResult& r) {
   using nlohmann::json;
-  double att = 0, meta = 0, bytes = 0, flops = 0, dec_att = 0, dec_bytes = 0, ext_att = 0, ext_flops = 0;
+  const ReplayOptions& o = r.options;
+  const double read_bps = o.ceiling_read_tbps * 1e12, flops_ps = o.ceiling_tflops * 1e12;
+  const bool roofline = read_bps > 0 && flops_ps > 0;
+  // Roofline floor of a step (PERFORMANCE.md: bytes and flops over the ceilings): the
+  // slower of streaming its bytes and computing its flops.
+  const auto floor_s = [&](const StepRecord& s) { return roofline ? std::max(s.bytes / read_bps, s.flops / flops_ps) : 0.0; };
+  double att = 0, meta = 0, prep = 0, sched_s = 0, capture = 0, bytes = 0, flops = 0, floor = 0;
+  double dec_att = 0, dec_bytes = 0, dec_floor = 0, ext_att = 0, ext_flops = 0, ext_floor = 0;
+  double dec_meta = 0, max_meta = 0;
+  int64_t dec_steps = 0;
   for (const StepRecord& s : r.steps) {
-    att += s.attention_s, meta += s.metadata_s, bytes += s.bytes, flops += s.flops;
-    if (s.extend_rows == 0) dec_att += s.attention_s, dec_bytes += s.bytes;
-    else ext_att += s.attention_s, ext_flops += s.flops;
+    att += s.attention_s, meta += s.metadata_s, prep += s.prepare_s, sched_s += s.schedule_s, capture += s.capture_s;
+    bytes += s.bytes, flops += s.flops, floor += floor_s(s);
+    max_meta = std::max(max_meta, s.metadata_s);
+    if (s.extend_rows == 0) {
+      dec_att += s.attention_s, dec_bytes += s.bytes, dec_floor += floor_s(s), dec_meta += s.metadata_s, ++dec_steps;
+    } else {
+      ext_att += s.attention_s, ext_flops += s.flops, ext_floor += floor_s(s);
+    }
   }
   const DeviceCeilings c = device_ceilings_of(r.device);
   const auto rate = [](double x, double t) { return t > 0 ? x / t : 0.0; };
+  const auto ratio = [&](double x) { return roofline ? json(x) : json(nullptr); };
   const double tbps = rate(bytes, att) / 1e12, tflops = rate(flops, att) / 1e12;
   const double dec_tbps = rate(dec_bytes, dec_att) / 1e12, ext_tflops = rate(ext_flops, ext_att) / 1e12;
   const int64_t steps = static_cast<int64_t>(r.steps.size());
+  const auto per_step_us = [&](double x, int64_t n) { return n ? x / n * 1e6 : 0.0; };
   json j;
   j["tool"] = "pagedmha replay";
   j["device"] = r.device.str();
   j["gpu"] = c.gpu.empty() ? json(nullptr) : json(c.gpu);
   j["executor"] = r.executor;
-  const ReplayOptions& o = r.options;
-  j["options"] = {{"trace", o.trace.empty() ? "built-in" : o.trace}, {"format", o.format}, {"model", o.model},
-                  {"kv_dtype", o.kv_dtype}, {"page_size", o.page_size}, {"pages_per_group", r.pages_per_group},
-                  {"token_budget", o.token_budget}, {"max_running", o.max_running},
-                  {"spec_tokens", o.spec_tokens}, {"accept_rate", o.accept_rate}, {"prefix_cache", o.prefix_cache},
-                  {"cuda_graphs", o.cuda_graphs}, {"check_every", o.check_every}, {"seed", o.seed}};
+  j["options"] = {{"trace", o.trace.empty() ? "built-in" : o.trace}, {"format", o.format}, {"requests", o.requests},
+                  {"model", o.model}, {"kv_dtype", o.kv_dtype}, {"page_size", o.page_size},
+                  {"pages_per_group", r.pages_per_group}, {"token_budget", o.token_budget},
+                  {"max_running", o.max_running}, {"spec_tokens", o.spec_tokens}, {"accept_rate", o.accept_rate},
+                  {"prefix_cache", o.prefix_cache}, {"cuda_graphs", o.cuda_graphs}, {"check_every", o.check_every},
+                  {"seed", o.seed}};
   json groups = json::array();
   for (const CacheGroupSpec& g : r.model.groups) groups.push_back({{"name", g.name}, {"window_left", g.window_left}});
   j["model"] = {{"name", r.model.name}, {"layers", r.model.num_layers}, {"q_heads", r.model.num_q_heads},
@@ -347,34 +374,61 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
                 {"cache_groups", groups}};
   const SchedulerStats& s = r.sched;
   j["summary"] = {
-      {"requests", r.requests}, {"finished", r.finished}, {"steps", steps},
+      {"requests", r.requests}, {"finished", r.finished}, {"steps", steps}, {"decode_steps", dec_steps},
       {"prompt_tokens", r.prompt_tokens}, {"output_tokens", r.output_tokens},
       {"prefill_tokens_computed", s.prefill_tokens}, {"decode_query_tokens", s.decode_tokens},
       {"generated_tokens", s.generated_tokens}, {"accepted_draft_tokens", s.accepted_draft_tokens},
-      {"attention_time_s", att}, {"attention_time_per_step_us", steps ? att / steps * 1e6 : 0.0},
+      {"attention_time_s", att}, {"attention_time_per_step_us", per_step_us(att, steps)},
       {"attention_time_per_generated_token_us", s.generated_tokens ? att / s.generated_tokens * 1e6 : 0.0},
       {"generated_tokens_per_s", rate(double(s.generated_tokens), att)},
-      {"metadata_host_time_per_step_us", steps ? meta / steps * 1e6 : 0.0},
+      {"backend_metadata_host_time_per_step_us", per_step_us(meta, steps)},
+      {"backend_metadata_host_time_per_decode_step_us", per_step_us(dec_meta, dec_steps)},
+      {"backend_metadata_host_time_max_us", max_meta * 1e6},
+      {"tool_prepare_host_time_per_step_us", per_step_us(prep, steps)},
+      {"tool_scheduler_host_time_per_step_us", per_step_us(sched_s, steps)},
+      {"graph_capture_host_time_s", capture},
       {"bytes", bytes}, {"flops", flops}, {"achieved_tbps", tbps}, {"achieved_tflops", tflops},
       {"decode_steps_tbps", dec_tbps}, {"extend_steps_tflops", ext_tflops},
-      {"ceilings", c.read_tbps > 0 ? json{{"read_tbps", c.read_tbps}, {"gemm_bf16_tflops", c.bf16_tflops}} : json(nullptr)},
-      {"ratio_read_ceiling", c.read_tbps > 0 ? json(tbps / c.read_tbps) : json(nullptr)},
-      {"ratio_decode_read_ceiling", c.read_tbps > 0 ? json(dec_tbps / c.read_tbps) : json(nullptr)},
-      {"ratio_tflops_ceiling", c.bf16_tflops > 0 ? json(tflops / c.bf16_tflops) : json(nullptr)},
+      {"ceilings", roofline ? json{{"read_tbps", o.ceiling_read_tbps}, {"tflops", o.ceiling_tflops}} : json(nullptr)},
+      {"roofline_floor_s", roofline ? json(floor) : json(nullptr)},
+      {"ratio_roofline", ratio(att > 0 ? floor / att : 0.0)},
+      {"ratio_roofline_decode_steps", ratio(dec_att > 0 ? dec_floor / dec_att : 0.0)},
+      {"ratio_roofline_extend_steps", ratio(ext_att > 0 ? ext_floor / ext_att : 0.0)},
+      {"ratio_read_ceiling", ratio(tbps * 1e12 / read_bps)},
+      {"ratio_decode_read_ceiling", ratio(dec_tbps * 1e12 / read_bps)},
+      {"ratio_tflops_ceiling", ratio(tflops * 1e12 / flops_ps)},
+      {"ratio_extend_tflops_ceiling", ratio(ext_tflops * 1e12 / flops_ps)},
       {"peak_pages", s.peak_pages},
       {"prefix_hit_rate", s.prefix_lookup_tokens ? double(s.prefix_hit_tokens) / s.prefix_lookup_tokens : 0.0},
       {"prefix_hit_tokens", s.prefix_hit_tokens}, {"preemptions", s.preemptions},
       {"wall_time_s", r.wall_s}};
   j["check"] = {{"steps_checked", r.check.steps_checked}, {"rows_checked", r.check.rows_checked},
                 {"max_rel_err", r.check.max_rel_err}, {"ok", r.check.ok}, {"failure", r.check.failure}};
-  json steps_j = json::array();
-  for (const StepRecord& st : r.steps)
-    steps_j.push_back({{"step", st.step}, {"rows", st.rows}, {"extend_rows", st.extend_rows},
-                       {"decode_rows", st.decode_rows}, {"tokens", st.tokens}, {"kv_tokens", st.kv_tokens},
-                       {"attention_us", st.attention_s * 1e6}, {"metadata_us", st.metadata_s * 1e6},
-                       {"bytes", st.bytes}, {"flops", st.flops}, {"pages_in_use", st.pages_in_use},
-                       {"running", st.running}, {"waiting", st.waiting}});
-  j["steps"] = std::move(steps_j);
+  // Per-step records as columns, every stride-th step (the last one too), so a full trace
+  // stays a few hundred kB; the summary above is over every step.
+  const int64_t keep = std::max(1, o.json_steps);
+  const int64_t stride = std::max<int64_t>(1, (steps + keep - 1) / keep);
+  json cols = {{"stride", stride}};
+  const char* names[] = {"step", "rows", "extend_rows", "decode_rows", "tokens", "kv_tokens", "attention_us",
+                         "metadata_us", "prepare_us", "schedule_us", "floor_us", "bytes", "flops", "running",
+                         "waiting"};
+  for (const char* n : names) cols[n] = json::array();
+  cols["pages_in_use"] = json::array();
+  for (size_t g = 0; g < r.model.groups.size(); ++g) cols["pages_in_use"].push_back(json::array());
+  const auto round2 = [](double x) { return std::round(x * 100.0) / 100.0; };
+  for (int64_t i = 0; i < steps; ++i) {
+    if (i % stride != 0 && i != steps - 1) continue;
+    const StepRecord& st = r.steps[i];
+    cols["step"].push_back(st.step), cols["rows"].push_back(st.rows), cols["extend_rows"].push_back(st.extend_rows);
+    cols["decode_rows"].push_back(st.decode_rows), cols["tokens"].push_back(st.tokens);
+    cols["kv_tokens"].push_back(st.kv_tokens), cols["attention_us"].push_back(round2(st.attention_s * 1e6));
+    cols["metadata_us"].push_back(round2(st.metadata_s * 1e6)), cols["prepare_us"].push_back(round2(st.prepare_s * 1e6));
+    cols["schedule_us"].push_back(round2(st.schedule_s * 1e6)), cols["floor_us"].push_back(round2(floor_s(st) * 1e6));
+    cols["bytes"].push_back(st.bytes), cols["flops"].push_back(st.flops);
+    cols["running"].push_back(st.running), cols["waiting"].push_back(st.waiting);
+    for (size_t g = 0; g < st.pages_in_use.size(); ++g) cols["pages_in_use"][g].push_back(st.pages_in_use[g]);
+  }
+  j["steps"] = std::move(cols);
   return j;
 }
 
@@ -395,13 +449,22 @@ std::string replay_summary(const ReplayResult& r) {
   line("attention time total", num(s["attention_time_s"], "%.4f s"));
   line("attention time per step", num(s["attention_time_per_step_us"], "%.1f us"));
   line("attention time per output token", num(s["attention_time_per_generated_token_us"], "%.2f us"));
-  line("metadata host time per step", num(s["metadata_host_time_per_step_us"], "%.1f us"));
+  line("backend metadata host per step", num(s["backend_metadata_host_time_per_step_us"], "%.1f us") +
+                                              " (decode steps " +
+                                              num(s["backend_metadata_host_time_per_decode_step_us"], "%.1f us") + ")");
+  line("tool host per step (prep / sched)", num(s["tool_prepare_host_time_per_step_us"], "%.1f us") + " / " +
+                                                num(s["tool_scheduler_host_time_per_step_us"], "%.1f us"));
+  line("graph capture (one-off)", num(s["graph_capture_host_time_s"], "%.2f s"));
   line("achieved bandwidth (all steps)", num(s["achieved_tbps"], "%.4f TB/s"));
   line("achieved bandwidth (decode steps)", num(s["decode_steps_tbps"], "%.4f TB/s"));
   line("achieved compute (all steps)", num(s["achieved_tflops"], "%.4f TFLOP/s"));
   line("achieved compute (extend steps)", num(s["extend_steps_tflops"], "%.4f TFLOP/s"));
   line("ratio to read ceiling (decode)", num(s["ratio_decode_read_ceiling"], "%.3f"));
-  line("ratio to bf16 TFLOP/s ceiling", num(s["ratio_tflops_ceiling"], "%.3f"));
+  line("ratio to TFLOP/s ceiling (extend)", num(s["ratio_extend_tflops_ceiling"], "%.3f"));
+  line("roofline ratio (whole trace)", num(s["ratio_roofline"], "%.3f") + " (floor " +
+                                           num(s["roofline_floor_s"], "%.3f s") + "; decode " +
+                                           num(s["ratio_roofline_decode_steps"], "%.3f") + ", extend " +
+                                           num(s["ratio_roofline_extend_steps"], "%.3f") + ")");
   std::string peaks;
   for (size_t g = 0; g < r.sched.peak_pages.size(); ++g)
     peaks += (g ? ", " : "") + r.model.groups[g].name + " " + std::to_string(r.sched.peak_pages[g]);
@@ -421,7 +484,7 @@ int replay_main(const ReplayOptions& options) {
   if (!options.json.empty()) {
     std::ofstream f(options.json);
     if (!f) throw_invalid_argument("replay", "--json", "a writable file", options.json);
-    f << replay_report_json(r).dump(1) << "\n";
+    f << replay_report_json(r).dump() << "\n";  // compact: columns of numbers
   }
   if (!r.check.ok) {
     std::fprintf(stderr, "replay: check failed: %s\n", r.check.failure.c_str());

@@ -37,6 +37,9 @@ struct ReplayOptions {
   int check_rows = 2;            // rows checked per checked step
   int64_t max_steps = -1;        // stop after this many steps
   uint64_t seed = 1;
+  double ceiling_read_tbps = -1.0;  // roofline ceilings, TB/s and TFLOP/s; on a GPU by default
+  double ceiling_tflops = -1.0;     // the H200's measured 4.6 / 760, on the CPU none (0)
+  int json_steps = 2000;         // per-step records kept in the report (evenly strided)
   std::string json;              // report file
   bool progress = true;
   bool quiet = false;            // no final table
@@ -46,7 +49,8 @@ struct ReplayOptions {
 /// 1000 built-in), 40 GB of KV, token budget 8192, 256 running, check every 200 steps;
 /// on the CPU llama3-8b geometry with 2 layers, 8 built-in requests, 2048 pages,
 /// token budget 2048, 16 running, check every 16 steps (sized to finish in well under
-/// 2 minutes on 2 cores with checks on).
+/// 2 minutes on 2 cores with checks on). Ceilings: 4.6 TB/s, 760 TFLOP/s on a GPU, none on
+/// the CPU.
 ReplayOptions resolve_replay_defaults(const ReplayOptions& options, Device device);
 
 /// "auto" -> cuda:0 when pagedmha::cuda_available(), else cpu.
@@ -57,8 +61,11 @@ struct StepRecord {
   int rows = 0, extend_rows = 0, decode_rows = 0;
   int64_t tokens = 0;       // query tokens
   int64_t kv_tokens = 0;    // sum of seq_len over rows
-  double attention_s = 0.0; // all layers
-  double metadata_s = 0.0;  // host
+  double attention_s = 0.0; // all layers (device time)
+  double metadata_s = 0.0;  // host: the backend's init_forward_metadata / replay preparation
+  double prepare_s = 0.0;   // host: the tool's lengths, page-table sync, token data
+  double schedule_s = 0.0;  // host: the tool's scheduler (schedule + complete)
+  double capture_s = 0.0;   // host: CUDA-graph capture (first use of a batch size)
   double bytes = 0.0;       // K/V read for visible keys + Q + O, all layers
   double flops = 0.0;       // 4 * Hq * D * visible pairs, all layers
   std::vector<int64_t> pages_in_use;  // per group
@@ -95,6 +102,8 @@ int64_t visible_pairs(int64_t L, int64_t n, int w);
 /// Distinct keys the n queries read.
 int64_t keys_read(int64_t L, int64_t n, int w);
 
+/// Summary, options and per-step records as columns ("steps": {"step": [...], ...}),
+/// at most options.json_steps of them, evenly strided ("stride").
 nlohmann::json replay_report_json(const ReplayResult& result);
 /// The final table (plain text).
 std::string replay_summary(const ReplayResult& result);

@@ -267,9 +267,11 @@ StepPlan Scheduler::schedule() {
   for (const RowPlan& row : plan.rows)
     plan.cols = std::max<int>(plan.cols, static_cast<int>(ceil_div(row.seq_len, config_.page_size)));
   const size_t groups = pools_.size();
-  plan.page_tables.assign(groups, std::vector<int32_t>(plan.rows.size() * plan.cols, 0));
-  plan.out_cache_loc.assign(groups, {});
-  for (size_t g = 0; g < groups; ++g) {
+  if (config_.host_tables) {
+    plan.page_tables.assign(groups, std::vector<int32_t>(plan.rows.size() * plan.cols, 0));
+    plan.out_cache_loc.assign(groups, {});
+  }
+  for (size_t g = 0; g < groups && config_.host_tables; ++g) {
     plan.out_cache_loc[g].reserve(plan.num_tokens());
     for (size_t i = 0; i < plan.rows.size(); ++i) {
       const RowPlan& row = plan.rows[i];
@@ -303,7 +305,10 @@ void Scheduler::complete(const StepPlan& plan) {
     if (static_cast<int>(i) < plan.num_extend) {
       st.computed = row.seq_len;
       stats_.prefill_tokens += row.q_len;
-      if (st.computed == target_tokens(r)) ++st.generated;  // the prefill samples one token
+      if (st.computed == target_tokens(r)) {  // the prefill samples one token
+        ++st.generated;
+        ++stats_.generated_tokens;
+      }
     } else {
       // Verify: the row's first query is the last sampled token, the others drafts;
       // accepted drafts plus one bonus token come out.
@@ -315,6 +320,7 @@ void Scheduler::complete(const StepPlan& plan) {
       stats_.accepted_draft_tokens += produced - 1;
       st.computed += produced;
       st.generated += produced;
+      stats_.generated_tokens += produced;
     }
     if (cache_ && !req.hash_ids.empty()) {
       const int done_blocks = std::min<int>(std::min(st.computed, req.prompt_len) / kHashBlockTokens,
@@ -331,8 +337,6 @@ void Scheduler::complete(const StepPlan& plan) {
       release_window(r);
     }
   }
-  stats_.generated_tokens = 0;
-  for (const RequestState& st : states_) stats_.generated_tokens += st.generated;
   ++stats_.steps;
   ++step_;
 }

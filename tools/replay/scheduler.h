@@ -25,6 +25,9 @@ struct SchedulerConfig {
   bool prefix_cache = true;     // used when the requests carry hash ids
   double admit_watermark = 0.01;  // fraction of pages kept free when admitting
   uint64_t seed = 0;
+  /// Build StepPlan::page_tables / out_cache_loc on the host (O(rows * cols) per step);
+  /// the replay reads the requests' pages instead (PageTableMirror).
+  bool host_tables = true;
 };
 
 /// One batch row: a request's queries at positions [prefix_len, seq_len).
@@ -36,7 +39,7 @@ struct RowPlan {
 };
 
 /// One step: extend rows first, then decode rows (each with q_len == decode_q_len).
-/// page_tables[g] is [rows, cols] row-major; entries beyond a row's pages, and pages a
+/// page_tables[g] is [rows, cols] row-major (only with SchedulerConfig::host_tables); entries beyond a row's pages, and pages a
 /// sliding group released, are 0. out_cache_loc[g] holds the slot of every query
 /// token in row order.
 struct StepPlan {

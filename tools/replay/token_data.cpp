@@ -33,6 +33,9 @@ void fill_tokens_host(const TensorView& out, const TokenRef* tokens, int64_t num
 void fill_tokens_cuda(const TensorView&, const TokenRef*, int64_t, uint64_t, int, TokenTensor, Stream) {
   throw Error("fill_tokens_cuda: this build has no CUDA support");
 }
+void fill_tokens_layers_cuda(const TensorView&, const TokenRef*, int64_t, uint64_t, TokenTensor, Stream) {
+  throw Error("fill_tokens_layers_cuda: this build has no CUDA support");
+}
 #endif
 
 }  // namespace pagedmha::tools

@@ -27,4 +27,9 @@ void fill_tokens_host(const TensorView& out, const TokenRef* tokens, int64_t num
 void fill_tokens_cuda(const TensorView& out, const TokenRef* tokens, int64_t num_tokens,
                       uint64_t seed, int layer, TokenTensor tensor, Stream stream);
 
+/// Every layer in one launch: `out` is a contiguous [layers, >= T, heads, D] device tensor,
+/// layer l's rows filled as fill_tokens_cuda(out[l], ..., layer l, ...). Only in CUDA builds.
+void fill_tokens_layers_cuda(const TensorView& out, const TokenRef* tokens, int64_t num_tokens,
+                             uint64_t seed, TokenTensor tensor, Stream stream);
+
 }  // namespace pagedmha::tools

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "check/check.h"
 #include "replay/replay.h"
 
@@ -38,8 +40,37 @@ TEST(Replay, LlamaLikeWithPrefixCacheChecksEveryStep) {
   EXPECT_GT(r.sched.prefix_hit_tokens, 0);
   const nlohmann::json j = pt::replay_report_json(r);
   EXPECT_EQ(j["summary"]["finished"], 6);
-  EXPECT_EQ(j["steps"].size(), r.steps.size());
+  EXPECT_EQ(j["steps"]["step"].size(), r.steps.size());  // fewer steps than json_steps: all kept
   EXPECT_GT(j["summary"]["achieved_tflops"].get<double>(), 0.0);
+  EXPECT_TRUE(j["summary"]["ratio_roofline"].is_null());  // no ceilings on the CPU by default
+}
+
+// Per-step records are strided to json_steps (the last step kept); the roofline ratio is
+// the sum of per-step floors max(bytes / read, flops / compute) over the attention time.
+TEST(Replay, ReportStridesStepsAndStatesTheRooflineRatio) {
+  pt::ReplayOptions o = small();
+  o.check_every = 0;
+  o.json_steps = 5;
+  o.ceiling_read_tbps = 0.05, o.ceiling_tflops = 0.2;
+  const pt::ReplayResult r = pt::run_replay(o);
+  ASSERT_GT(r.steps.size(), 10u);
+  const nlohmann::json j = pt::replay_report_json(r);
+  const auto& st = j["steps"];
+  const int64_t stride = st["stride"];
+  EXPECT_EQ(stride, (static_cast<int64_t>(r.steps.size()) + 4) / 5);
+  EXPECT_LE(st["step"].size(), 6u);
+  EXPECT_EQ(st["step"].back().get<int64_t>(), r.steps.back().step);
+  EXPECT_EQ(st["pages_in_use"].size(), r.model.groups.size());
+  EXPECT_EQ(st["pages_in_use"][0].size(), st["step"].size());
+  double floor = 0, att = 0;
+  for (const pt::StepRecord& s : r.steps) {
+    floor += std::max(s.bytes / 0.05e12, s.flops / 0.2e12);
+    att += s.attention_s;
+  }
+  EXPECT_NEAR(j["summary"]["roofline_floor_s"].get<double>(), floor, 1e-9 * floor);
+  EXPECT_NEAR(j["summary"]["ratio_roofline"].get<double>(), floor / att, 1e-9 * floor / att);
+  EXPECT_GT(j["summary"]["backend_metadata_host_time_per_step_us"].get<double>(), 0.0);
+  EXPECT_GT(j["summary"]["tool_scheduler_host_time_per_step_us"].get<double>(), 0.0);
 }
 
 TEST(Replay, HybridWindowSinksVerifyFp8WithPreemption) {

@@ -127,9 +127,12 @@ TEST(BackendWorkspaceErrors, EngineWorkspaceTooSmallAndUnsizedBackend) {
   MhaBackend unsized(base_config(1, false));
   m = error_of([&] { step.run(unsized, 1, layer_spec()); });
   EXPECT_NE(m.find("register_layers"), std::string::npos) << m;
-  // A layer larger than the registered ones.
+  // A layer larger than the registered ones, at a batch whose need exceeds the workspace
+  // (one request of it fits in what 64 requests of the small layer were given).
   unsized.register_layers({layer_spec(4, 4, 64)});
-  m = error_of([&] { step.run(unsized, 1, layer_spec(32, 2, 256)); });
+  ASSERT_GT(decode_workspace_size(Device::cuda(0), kMaxBs, 1, 32, 2, 256),
+            decode_workspace_size(Device::cuda(0), kMaxBs, 1, 4, 4, 64));
+  m = error_of([&] { step.run(unsized, kMaxBs, layer_spec(32, 2, 256)); });
   EXPECT_NE(m.find("Hq 32, Hkv 2, D 256"), std::string::npos) << m;
 }
 
