@@ -5,20 +5,23 @@
 # Every stage runs even when an earlier one failed; the exit status is non-zero when
 # any stage failed.
 #
-#   scripts/gpu.sh [--cpu] [--no-bench] [--no-sanitizer]
+#   scripts/gpu.sh [--cpu] [--no-bench] [--no-sanitizer] [--reports]
 #     --cpu           also run the CPU suites (ctest -L cpu)
+#     --reports       also the backend host-overhead benchmark and the two trace replays
+#                     (traces read from $TRACES, default ../shared/traces)
 #   Environment: OUT (log folder; default build/gpu-out), JOBS (build jobs; default
 #   nproc), CTEST_JOBS (parallel test programs; default 4), BENCH_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-run_cpu=0 run_bench=1 run_sanitizer=1
+run_cpu=0 run_bench=1 run_sanitizer=1 run_reports=0
 for arg in "$@"; do
   case $arg in
     --cpu) run_cpu=1 ;;
     --no-bench) run_bench=0 ;;
     --no-sanitizer) run_sanitizer=0 ;;
+    --reports) run_reports=1 ;;
     *) echo "gpu.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -45,7 +48,7 @@ deps=()
 [ -d "$root/.deps" ] && deps=(-DPAGEDMHA_DEPS_DIR="$root/.deps")
 t0=$(date +%s)
 log "configure ($build)"
-if cmake --preset cuda "${deps[@]}" -DPAGEDMHA_BUILD_BENCH=OFF >"$out/configure.log" 2>&1; then
+if cmake --preset cuda "${deps[@]}" >"$out/configure.log" 2>&1; then
   log "build (-j$jobs)"
   if cmake --build "$build" -j "$jobs" -- -k 0 >"$out/build.log" 2>&1; then
     note build ok "$(seconds_since "$t0") s"
@@ -140,6 +143,37 @@ if [ $run_bench -eq 1 ]; then
   else
     note bench skipped "bench/bench_attention.py absent"
   fi
+fi
+
+# --- reports: backend host overhead, trace replays ----------------------------------
+if [ $run_reports -eq 1 ]; then
+  day=$(date +%Y%m%d)
+  t=$(date +%s)
+  if "$build/bench/backend_overhead" --device cuda --out "$out" >"$out/backend_overhead.log" 2>&1; then
+    note "backend overhead" ok "$(seconds_since "$t") s"
+  else
+    note "backend overhead" FAILED "see backend_overhead.log"
+  fi
+  traces=${TRACES:-$root/../shared/traces}
+  limit=${REPLAY_TIME_LIMIT:-90}
+  cli=$build/tools/pagedmha
+  # name|trace|arguments
+  for spec in \
+      "azure-conv-llama3-8b|AzureLLMInferenceTrace_conv.csv|--model llama3-8b --kv-dtype bf16 --check-every 500" \
+      "mooncake-gpt-oss-20b|conversation_trace.jsonl|--model gpt-oss-20b --kv-dtype fp8 --check-every 200"; do
+    IFS='|' read -r name trace args <<<"$spec"
+    json=$out/h200-replay-$name-$day.json
+    t=$(date +%s)
+    log "replay $name"
+    # shellcheck disable=SC2086
+    if timeout $((limit + 60)) "$cli" replay --device cuda --trace "$traces/$trace" $args \
+        --time-limit "$limit" --json "$json" >"$out/replay-$name.log" 2>&1; then
+      "$cli" plot "$json" -o "$out/replay-$name.png" >>"$out/replay-$name.log" 2>&1
+      note "replay $name" ok "$(seconds_since "$t") s, $(grep -m1 -E 'requests \(finished' "$out/replay-$name.log" | tr -s ' ')"
+    else
+      note "replay $name" FAILED "see replay-$name.log: $(tail -n1 "$out/replay-$name.log" | cut -c1-90)"
+    fi
+  done
 fi
 
 # --- summary ----------------------------------------------------------------------

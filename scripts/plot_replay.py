@@ -18,9 +18,14 @@ def main() -> int:
     except ImportError:
         print("plot_replay.py: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
         return 1
-    with open(args.report) as f:
-        rep = json.load(f)
-    cols = rep["steps"]  # columns of the (strided) per-step records
+    try:
+        with open(args.report) as f:
+            rep = json.load(f)
+        cols = rep["steps"]  # columns of the (strided) per-step records
+        rep["model"]["cache_groups"], rep["summary"]["steps"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"plot_replay.py: {args.report}: not a readable pagedmha replay --json report ({e!r})", file=sys.stderr)
+        return 1
     n = len(cols["step"])
     groups = [g["name"] for g in rep["model"]["cache_groups"]]
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -42,10 +47,11 @@ def main() -> int:
     b.set_title("KV pages in use over time")
     b.legend()
     s = rep["summary"]
+    trunc = f" (truncated: {s['finished']}/{s['requests']} finished)" if rep.get("truncated") else ""
     roof = f"roofline ratio {s['ratio_roofline']:.3f}, " if s.get("ratio_roofline") is not None else ""
     fig.suptitle(f"{rep['model']['name']} on {rep['device']}: {s['requests']} requests, {s['steps']} steps, "
                  f"{s['achieved_tbps']:.3f} TB/s, {s['achieved_tflops']:.2f} TFLOP/s, {roof}"
-                 f"prefix hit {s['prefix_hit_rate']:.1%}, preemptions {s['preemptions']}")
+                 f"prefix hit {s['prefix_hit_rate']:.1%}, preemptions {s['preemptions']}{trunc}")
     fig.tight_layout()
     fig.savefig(args.output, dpi=110)
     print(f"wrote {args.output}")

@@ -1,8 +1,15 @@
 #include "cli.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <string>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
@@ -13,6 +20,18 @@
 
 namespace pagedmha::tools {
 namespace {
+
+// Option check "> lo" (or ">= lo") with a readable message.
+CLI::Validator above(double lo, bool inclusive) {
+  const std::string want = std::string(inclusive ? ">= " : "> ") + CLI::detail::to_string(lo);
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(s, v) || !(inclusive ? v >= lo : v > lo)) return "expected " + want + ", got " + s;
+        return {};
+      },
+      want);
+}
 
 void add_replay(CLI::App& app, ReplayOptions& o) {
   CLI::App* c = app.add_subcommand(
@@ -30,7 +49,8 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
                                     "seeded workload shaped like the Azure conversation trace)");
   c->add_option("--format", o.format, "Trace format: azure | mooncake | auto (auto: '{' first = mooncake)")
       ->check(CLI::IsMember({"azure", "mooncake", "auto"}));
-  c->add_option("--requests", o.requests, "Use the first N requests of the trace (built-in: generate N) [requests]");
+  c->add_option("--requests", o.requests, "Use the first N requests of the trace (built-in: generate N) [requests]")
+      ->check(CLI::Range(int64_t{1}, kMaxReplayRequests));
   c->add_option("--model", o.model, "Attention geometry: llama3-8b | llama3-70b | qwen2.5-7b | gpt-oss-20b | custom");
   c->add_option("--layers", o.overrides.layers, "Override / custom: layers");
   c->add_option("--q-heads", o.overrides.q_heads, "Override / custom: query heads Hq");
@@ -47,10 +67,12 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
       ->check(CLI::IsMember({"bf16", "fp16", "fp8"}));
   c->add_option("--page-size", o.page_size, "Tokens per page (a divisor of 512 to use the prefix cache)");
   c->add_option("--pages", o.pages, "Pages per cache group, including the reserved page 0 [pages]");
-  c->add_option("--kv-memory", o.kv_memory_gb, "K/V memory of all layers when --pages is not given [GB = 1e9 bytes]");
+  c->add_option("--kv-memory", o.kv_memory_gb, "K/V memory of all layers when --pages is not given [GB = 1e9 bytes]")
+      ->check(above(0, false));
   c->add_option("--token-budget", o.token_budget, "Query tokens per step: decode rows + prefill chunks [tokens]");
   c->add_option("--max-running", o.max_running, "Requests in flight (batch rows per step) [requests]");
-  c->add_option("--spec-tokens", o.spec_tokens, "Speculative verify: N queries per decode row (1 = off) [tokens]");
+  c->add_option("--spec-tokens", o.spec_tokens, "Speculative verify: N queries per decode row (1 = off) [1..8 tokens]")
+      ->check(CLI::Range(1, 8));
   c->add_option("--accept-rate", o.accept_rate, "Probability each draft token is accepted (seeded) [0..1]");
   c->add_flag("!--no-prefix-cache", o.prefix_cache, "Disable the prefix cache (Mooncake hash ids)");
   c->add_flag("!--no-cuda-graphs", o.cuda_graphs, "Run decode steps eagerly on the GPU");
@@ -58,6 +80,9 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
                                                 "ops; 0 = off [steps]");
   c->add_option("--check-rows", o.check_rows, "Batch rows checked per checked step [rows]");
   c->add_option("--max-steps", o.max_steps, "Stop after this many steps (-1: run to completion) [steps]");
+  c->add_option("--time-limit", o.time_limit_s, "Wall-clock limit: stop starting steps after this many seconds, "
+                 "finish cleanly and write a report marked \"truncated\" [s]")
+      ->check(above(0, true));
   c->add_option("--seed", o.seed, "Seed of the workload, the token data and the acceptance model");
   c->add_option("--ceiling-read-tbps", o.ceiling_read_tbps, "Read-bandwidth ceiling of the roofline figures "
                  "(default on a GPU: the H200's measured 4.6; CPU: none) [TB/s]");
@@ -68,6 +93,33 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
   c->add_option("--json", o.json, "Write the full report (summary and per-step records) to this file");
   c->add_flag("!--no-progress", o.progress, "No live progress on stderr");
   c->add_flag("--quiet", o.quiet, "No final table on stdout");
+}
+
+// Runs scripts/plot_replay.py through fork/execvp with an argv array: file names reach
+// Python verbatim, never a shell.
+int plot_main(const std::string& report, const std::string& image, const std::string& script_arg) {
+  const std::string script =
+      script_arg.empty() ? std::string(PAGEDMHA_SOURCE_DIR) + "/scripts/plot_replay.py" : script_arg;
+  if (!std::ifstream(report)) throw_invalid_argument("plot", "report", "a readable replay --json report", report);
+  if (!std::ifstream(script)) throw_invalid_argument("plot", "--script", "a readable plot_replay.py", script);
+  // "--": a report named like an option ("-h") is still the report.
+  std::vector<std::string> args = {"python3", script, "-o", image, "--", report};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid < 0) throw Error(std::string("plot: fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "pagedmha: error: plot: cannot run python3: %s\n", std::strerror(errno));
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) throw Error(std::string("plot: waitpid failed: ") + std::strerror(errno));
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -103,13 +155,7 @@ int run_cli(int argc, char** argv) {
     if (app.got_subcommand("replay")) return replay_main(replay);
     if (app.got_subcommand("bench")) return bench_main(bench);
     if (app.got_subcommand("check")) return check_main(check);
-    if (app.got_subcommand("plot")) {
-      const std::string script =
-          plot_script.empty() ? std::string(PAGEDMHA_SOURCE_DIR) + "/scripts/plot_replay.py" : plot_script;
-      const std::string cmd = "python3 '" + script + "' '" + plot_in + "' -o '" + plot_out + "'";
-      const int rc = std::system(cmd.c_str());
-      return rc == 0 ? 0 : 1;
-    }
+    if (app.got_subcommand("plot")) return plot_main(plot_in, plot_out, plot_script);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pagedmha: error: %s\n", e.what());
     return 1;

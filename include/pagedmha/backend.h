@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -91,13 +92,16 @@ struct LayerSpec {
   int num_q_heads = 0;   ///< Hq
   int num_kv_heads = 0;  ///< Hkv (Hq % Hkv == 0)
   int head_dim = 0;      ///< D: 64, 128 or 256
-  float scaling = 0.0f;  ///< sm_scale, usually D^-0.5
+  /// sm_scale; 0 (the default) means head_dim^-0.5. Must be finite (error otherwise).
+  float scaling = 0.0f;
   int window_left = -1;  ///< W; -1: no window (HF sliding_window S -> S - 1)
   /// fp8 caches only: stored = x / scale; reads use bmm1 = scaling * k_scale, bmm2 = v_scale.
   /// Ignored (treated as 1) for bf16 / fp16 caches, which store values unscaled.
   float k_scale = 1.0f, v_scale = 1.0f;
   float logits_soft_cap = 0.0f;
-  std::string group_id;  ///< Cache group whose page table this layer reads and writes.
+  /// Cache group whose page table this layer reads and writes. With one group in the step
+  /// the layer must name it or leave this empty; with several it must name one of them.
+  std::string group_id;
   TensorView sinks;      ///< Optional fp32 [Hq] sink logits.
 };
 
@@ -118,15 +122,20 @@ struct ForwardBatch {
   ForwardMode forward_mode = ForwardMode::decode;
   int batch_size = 0;           ///< bs: requests (rows of seq_lens used).
   TensorView req_pool_indices;  ///< int32 [>= bs]; padded rows use 0.
-  TensorView seq_lens;          ///< int32 [>= bs]: KV length after this step.
-  TensorView seq_lens_cpu;      ///< host int32 [>= bs] (optional; not needed by the backend).
+  /// int32 [>= bs]: KV length after this step, 0..context_len (checked where host-readable:
+  /// CPU device or seq_lens_cpu; a contract on CUDA).
+  TensorView seq_lens;
+  /// host int32 [>= bs] (optional): a host copy of seq_lens, used only for checks and to
+  /// derive extend prefixes.
+  TensorView seq_lens_cpu;
   /// host int32 [>= bs]: new tokens per request (extend / mixed: decode rows give 1).
   TensorView extend_seq_lens_cpu;
-  /// host int32 [>= bs]: cached prefix per request (absent: no prefix).
+  /// host int32 [>= bs]: cached prefix per request (absent: seq_lens_cpu - extend, else 0).
+  /// prefix + extend must equal seq_lens (checked where seq_lens is host-readable).
   TensorView extend_prefix_lens_cpu;
   TensorView out_cache_loc;  ///< int32 [T]: slots of the new tokens (single-table mode).
   TensorView req_to_page;    ///< int32 [max_requests + 1, max_pages]; row 0 all zeros.
-  /// Per-cache-group tables (hybrid models). Empty: one table from req_to_page.
+  /// Per-cache-group tables (hybrid models), distinct ids. Empty: one table from req_to_page.
   std::vector<CacheGroupTable> group_tables;
 };
 
@@ -177,19 +186,24 @@ class MhaBackend {
   /// draft_extend: prefill slot (and, for a drafter, the decode slot too); decode /
   /// target_verify: decode slot, plus the verify prefill slot when N > 1; block draft:
   /// decode slot with bs * N rows; idle: nothing. Issues device work on the stream only.
-  /// Errors: dtypes, devices, bs > max_bs, missing host lengths, unknown group ids.
+  /// Errors: dtypes, devices, bs > max_bs, missing host lengths, duplicate group ids;
+  /// where host-readable, seq_lens outside 0..context_len and prefix + extend != seq_lens.
   void init_forward_metadata(const ForwardBatch& batch);
 
   /// Attention for extend / mixed steps through the prefill slot. q: [T, Hq * D] or
   /// [T, Hq, D] (strided rows allowed); k, v: [T, Hkv * D] or [T, Hkv, D], or undefined;
   /// out: [T, Hq * D] or [T, Hq, D] of the query dtype. When save_kv_cache and k is given,
   /// writes K/V at select_out_cache_loc(...) first. Returns out as [T, Hq * D].
+  /// T must be the step's token count; k and v then have T rows and the write slots at
+  /// least T entries (exactly T are written). bs must be the step's batch_size. Errors
+  /// name q / k / v / out_cache_loc / bs with the expected and given sizes.
   TensorView forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                             const LayerSpec& layer, const KvCacheView& kv,
                             const TensorView& out_cache_loc, int bs, const TensorView& out,
                             bool save_kv_cache = true);
   /// Attention for decode-mode steps. Routing: block draft -> decode slot; else
   /// q rows / bs > 1 -> prefill slot (uniform N queries, decode kernel); else decode slot.
+  /// Sizes as forward_extend (bs: the step's requests, not the block-draft rows).
   TensorView forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                             const LayerSpec& layer, const KvCacheView& kv,
                             const TensorView& out_cache_loc, int bs, const TensorView& out,
@@ -205,8 +219,8 @@ class MhaBackend {
   /// Allocates the graph buffers for up to max_bs requests (<= config.max_bs).
   /// seq_lens_buf: the engine's int32 [>= max_bs] lengths buffer; the decode slot's
   /// cache_seqlens aliases it and the backend never writes it. cache_group_ids: the groups
-  /// a captured step may use (state groups are shed); each gets a [max_bs, max_pages]
-  /// table padded with 0 and write-slot buffers.
+  /// a captured step may use (state groups are shed; distinct ids); each gets a
+  /// [max_bs, max_pages] table padded with 0 and write-slot buffers.
   void init_cuda_graph_state(int max_bs, const TensorView& seq_lens_buf,
                              const std::vector<std::string>& cache_group_ids = {});
   /// Records the metadata slots of padded batch size bs (decode-mode steps only) over the
@@ -217,7 +231,10 @@ class MhaBackend {
   /// Before each replay, outside the graph: gathers page tables (req_to_page or the
   /// group tables) into the graph buffers, recomputes clamps and write slots, re-points
   /// the slots. batch.seq_lens must be the seq_lens_buf the engine already filled.
-  /// Errors: bs not captured, a captured group's table missing (stale-table guard).
+  /// A live group table may have fewer rows than bs: the missing rows must be padded rows
+  /// (seq_len <= 1; checked where seq_lens is host-readable) and read page 0.
+  /// Errors: bs not captured, a captured group's table missing (stale-table guard),
+  /// duplicate group ids, seq_lens outside 0..context_len (where host-readable).
   void init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch);
   /// Block draft, inside the graph: KV length of the N rows of request r becomes
   /// clamp(block_ends[r], N, C). block_ends: int32 [>= bs] on the device.
@@ -246,6 +263,12 @@ class MhaBackend {
   bool block_draft() const { return config_.draft_block_decode && config_.spec_num_tokens > 1; }
   int verify_writes() const { return config_.is_draft ? 1 : config_.spec_num_tokens; }
   std::vector<CacheGroupTable> shed_state_groups(const std::vector<CacheGroupTable>& tables) const;
+  static void check_unique_ids(const std::vector<std::string>& ids, const char* arg);
+  static void check_unique_ids(const std::vector<CacheGroupTable>& tables, const char* arg);
+  // seq_lens[0, bs) on the host when readable (CPU device, else seq_lens_cpu), checked to
+  // lie in 0..context_len; nullopt otherwise (CUDA without seq_lens_cpu).
+  std::optional<std::vector<int32_t>> host_seq_lens(const ForwardBatch& batch, int bs) const;
+  void check_step_bs(int bs) const;
   void check_batch(const ForwardBatch& batch, int max_bs) const;
   std::size_t decode_workspace_need(int num_q_heads, int num_kv_heads, int head_dim) const;
   TensorView iota(int64_t n) const;        // 0, 1, ..., n - 1

@@ -70,9 +70,20 @@ Device parse_device(const std::string& text, const char* op, const char* name) {
   throw_invalid_argument(op, name, "device \"cpu\", \"cuda\" or \"cuda:N\"", "\"" + text + "\"");
 }
 
-TensorView to_view(const ArrayArg& arg, const char* op, const char* name) {
-  const nb::ndarray<>& a = arg.array;
+TensorView to_view(const ArrayArg& arg, const char* op, const char* name, Access access) {
+  if (arg.rejected.is_valid()) {
+    std::string got = nb::type_name(arg.rejected.type()).c_str();
+    std::string text = nb::repr(arg.rejected).c_str();
+    if (text.size() > 60) text = text.substr(0, 57) + "...";
+    throw_invalid_argument(op, name,
+                           "an array (NumPy, PyTorch, CuPy or any DLPack producer) or a pagedmha.TypedArray",
+                           got + " " + text);
+  }
+  const nb::ndarray<nb::ro>& a = arg.array;
   if (!a.is_valid()) return {};
+  if (access == Access::write && !arg.writable) {
+    throw_invalid_argument(op, name, "a writable array (the op writes it)", "a read-only array");
+  }
 
   const std::optional<DType> own = dtype_from_dlpack(a.dtype());
   DType dtype;
@@ -112,7 +123,7 @@ TensorView to_view(const ArrayArg& arg, const char* op, const char* name) {
                            std::to_string(a.ndim()) + " dims");
   }
   // nanobind fills in row-major strides when the producer gives none; both are in elements.
-  return TensorView::from_arrays(a.data(), dtype, device, static_cast<int>(a.ndim()), a.shape_ptr(),
+  return TensorView::from_arrays(const_cast<void*>(a.data()), dtype, device, static_cast<int>(a.ndim()), a.shape_ptr(),
                                  a.stride_ptr());
 }
 

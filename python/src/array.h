@@ -23,16 +23,24 @@ struct TypedArray {
 };
 
 /// A bound function's tensor argument: the imported array (invalid when the caller
-/// passed None) and, for a TypedArray, the dtype its bits stand for.
+/// passed None or something that is no array), whether the producer allows writes, for
+/// a TypedArray the dtype its bits stand for, and the object nothing could import (its
+/// error is raised by to_view, naming the argument).
 struct ArrayArg {
-  nb::ndarray<> array;
+  nb::ndarray<nb::ro> array;
   std::optional<DType> dtype;
+  bool writable = true;
+  nb::object rejected;
 };
 
+/// Whether the op writes the argument (outputs, caches, workspaces).
+enum class Access { read, write };
+
 /// The view of `arg`; an undefined view for None. Throws pagedmha::Error
-/// "<op>: <name>: expected ..., got ..." for a dtype, device or rank the library has no
-/// name for. The view borrows the array: it is valid while `arg` lives.
-TensorView to_view(const ArrayArg& arg, const char* op, const char* name);
+/// "<op>: <name>: expected ..., got ..." for an object that is no array, a read-only
+/// array where `access` is write, or a dtype, device or rank the library has no name
+/// for. The view borrows the array: it is valid while `arg` lives.
+TensorView to_view(const ArrayArg& arg, const char* op, const char* name, Access access = Access::write);
 
 /// DType of a DLPack dtype, if the library has one.
 std::optional<DType> dtype_from_dlpack(nb::dlpack::dtype dt);
@@ -45,31 +53,41 @@ Device parse_device(const std::string& text, const char* op, const char* name);
 
 namespace nanobind::detail {
 
-/// Accepts a TypedArray, anything nb::ndarray imports (never converting, so outputs are
-/// written in place), and None where the argument allows it.
+/// Accepts every object, so that to_view can name the argument in the error: a
+/// TypedArray, anything nb::ndarray imports (never converting, so outputs are written in
+/// place; read-only arrays are marked), None, or else the object as `rejected`.
 template <>
 struct type_caster<pagedmha::python::ArrayArg> {
   NB_TYPE_CASTER(pagedmha::python::ArrayArg, const_name("ArrayLike"))
 
   bool from_python(handle src, uint32_t flags, cleanup_list* cleanup) noexcept {
-    if (src.is_none()) {
-      value = {};
-      return (flags & (uint32_t)cast_flags::accepts_none) != 0;
-    }
+    value = {};
+    if (src.is_none()) return true;
     if (isinstance<pagedmha::python::TypedArray>(src)) {
       const auto* typed = inst_ptr<pagedmha::python::TypedArray>(src);
-      value = {typed->array, typed->dtype};
+      value.array = ndarray<ro>(typed->array);
+      value.dtype = typed->dtype;
       return true;
     }
-    make_caster<ndarray<>> inner;
-    if (!inner.from_python(src, flags & ~(uint32_t)cast_flags::convert, cleanup)) return false;
-    value = {std::move(inner.value), std::nullopt};
+    const uint32_t no_convert = flags & ~(uint32_t)cast_flags::convert;
+    make_caster<ndarray<>> writable;
+    if (writable.from_python(src, no_convert, cleanup)) {
+      value.array = ndarray<ro>(writable.value);
+      return true;
+    }
+    make_caster<ndarray<ro>> read_only;
+    if (read_only.from_python(src, no_convert, cleanup)) {
+      value.array = std::move(read_only.value);
+      value.writable = false;
+      return true;
+    }
+    value.rejected = borrow(src);
     return true;
   }
 
   static handle from_cpp(const pagedmha::python::ArrayArg& arg, rv_policy policy,
                          cleanup_list* cleanup) noexcept {
-    return make_caster<ndarray<>>::from_cpp(arg.array, policy, cleanup);
+    return make_caster<ndarray<ro>>::from_cpp(arg.array, policy, cleanup);
   }
 };
 

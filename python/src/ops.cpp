@@ -15,10 +15,12 @@ namespace pagedmha::python {
 
 namespace {
 
-/// Converts the arguments of one op, naming the op in every error.
+/// Converts the arguments of one op, naming the op in every error. Inputs may be
+/// read-only arrays; outputs (written by the op) must be writable.
 struct Views {
   const char* op;
-  TensorView operator()(const char* name, const ArrayArg& a) const { return to_view(a, op, name); }
+  TensorView operator()(const char* name, const ArrayArg& a) const { return to_view(a, op, name, Access::read); }
+  TensorView out(const char* name, const ArrayArg& a) const { return to_view(a, op, name, Access::write); }
 };
 
 // None: the legacy default stream (the Python layer resolves torch / CuPy current streams).
@@ -177,8 +179,8 @@ void bind_ops(nb::module_& m) {
          const ArrayArg& out_cache_loc, int page_size, float k_scale, float v_scale,
          std::optional<std::uintptr_t> stream) {
         const Views view{"append_kv"};
-        const TensorView k_ = view("k", k), v_ = view("v", v), kc = view("k_cache", k_cache),
-                         vc = view("v_cache", v_cache), loc = view("out_cache_loc", out_cache_loc);
+        const TensorView k_ = view("k", k), v_ = view("v", v), kc = view.out("k_cache", k_cache),
+                         vc = view.out("v_cache", v_cache), loc = view("out_cache_loc", out_cache_loc);
         nb::gil_scoped_release release;
         append_kv(k_, v_, kc, vc, loc, page_size, k_scale, v_scale, to_stream(stream));
       },
@@ -199,8 +201,8 @@ void bind_ops(nb::module_& m) {
         params.num_splits = num_splits;
         const TensorView q_ = view("q", q), kc = view("k_cache", k_cache),
                          vc = view("v_cache", v_cache), pt = view("page_table", page_table),
-                         sl = view("seq_lens", seq_lens), o = view("out", out),
-                         l = view("lse", lse), ws = view("workspace", workspace);
+                         sl = view("seq_lens", seq_lens), o = view.out("out", out),
+                         l = view.out("lse", lse), ws = view.out("workspace", workspace);
         nb::gil_scoped_release release;
         batch_decode(q_, kc, vc, pt, sl, page_size, q_len_per_req, o, params, l, ws,
                      to_stream(stream));
@@ -225,7 +227,7 @@ void bind_ops(nb::module_& m) {
         const TensorView q_ = view("q", q), kc = view("k_cache", k_cache),
                          vc = view("v_cache", v_cache), pt = view("page_table", page_table),
                          sl = view("seq_lens", seq_lens), cu = view("cu_seqlens_q", cu_seqlens_q),
-                         o = view("out", out), l = view("lse", lse);
+                         o = view.out("out", out), l = view.out("lse", lse);
         nb::gil_scoped_release release;
         batch_prefill(q_, kc, vc, pt, sl, cu, page_size, max_q_len, o, params, l,
                       to_stream(stream));
@@ -243,7 +245,7 @@ void bind_ops(nb::module_& m) {
         const Views view{"gather_page_table_with_padding"};
         const TensorView r2p = view("req_to_page", req_to_page),
                          idx = view("req_pool_indices", req_pool_indices),
-                         sl = view("seq_lens", seq_lens), o = view("out", out);
+                         sl = view("seq_lens", seq_lens), o = view.out("out", out);
         nb::gil_scoped_release release;
         gather_page_table_with_padding(r2p, idx, sl, o, bs, cols, page_size, to_stream(stream));
       },
@@ -254,7 +256,7 @@ void bind_ops(nb::module_& m) {
       "cumsum_lengths",
       [](const ArrayArg& lengths, const ArrayArg& out, std::optional<std::uintptr_t> stream) {
         const Views view{"cumsum_lengths"};
-        const TensorView len = view("lengths", lengths), o = view("out", out);
+        const TensorView len = view("lengths", lengths), o = view.out("out", out);
         nb::gil_scoped_release release;
         cumsum_lengths(len, o, to_stream(stream));
       },
@@ -264,7 +266,7 @@ void bind_ops(nb::module_& m) {
       "clamp_seq_lens",
       [](const ArrayArg& seq_lens, int min_len, const ArrayArg& out, std::optional<std::uintptr_t> stream) {
         const Views view{"clamp_seq_lens"};
-        const TensorView sl = view("seq_lens", seq_lens), o = view("out", out);
+        const TensorView sl = view("seq_lens", seq_lens), o = view.out("out", out);
         nb::gil_scoped_release release;
         clamp_seq_lens(sl, min_len, o, to_stream(stream));
       },
@@ -276,7 +278,7 @@ void bind_ops(nb::module_& m) {
          const ArrayArg& out, std::optional<std::uintptr_t> stream) {
         const Views view{"decode_write_slots"};
         const TensorView pt = view("page_table", page_table), sl = view("seq_lens", seq_lens),
-                         o = view("out", out);
+                         o = view.out("out", out);
         nb::gil_scoped_release release;
         decode_write_slots(pt, sl, page_size, q_len_per_req, o, to_stream(stream));
       },
@@ -290,7 +292,7 @@ void bind_ops(nb::module_& m) {
         const Views view{"extend_write_slots"};
         const TensorView pt = view("page_table", page_table),
                          pl = view("prefix_lens", prefix_lens),
-                         cu = view("cu_seqlens_q", cu_seqlens_q), o = view("out", out);
+                         cu = view("cu_seqlens_q", cu_seqlens_q), o = view.out("out", out);
         nb::gil_scoped_release release;
         extend_write_slots(pt, pl, cu, page_size, o, to_stream(stream));
       },

@@ -44,6 +44,7 @@ void MhaBackend::init_cuda_graph_state(int max_bs, const TensorView& seq_lens_bu
                                       seq_lens_buf.device.str()
                                 : "undefined");
   }
+  check_unique_ids(cache_group_ids, "cache_group_ids");
   const Device dev = config_.device;
   const Stream s = config_.stream;
   const int N = config_.spec_num_tokens;
@@ -79,6 +80,7 @@ void MhaBackend::init_forward_metadata_capture_cuda_graph(int bs, ForwardMode mo
   const int N = config_.spec_num_tokens;
   const int C = config_.context_len;
   const int64_t cols = max_num_pages_;
+  check_unique_ids(cache_group_ids, "cache_group_ids");
   std::vector<std::string> ids;
   for (const std::string& id : cache_group_ids) {
     const auto& state = config_.state_cache_groups;
@@ -153,6 +155,11 @@ void MhaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& b) 
     fail("batch.seq_lens", "the seq_lens_buf given to init_cuda_graph_state (the graph aliases it)",
          "another tensor");
   }
+  check_unique_ids(b.group_tables, "batch.group_tables");
+  ForwardBatch host_view = b;
+  host_view.seq_lens = graph_.seq_lens_buf;
+  // Block draft: the buffer holds block ends, clamped by design.
+  const auto host_len = block_draft() ? std::nullopt : host_seq_lens(host_view, bs);
   const TensorView seq = graph_.seq_lens_buf.slice(0, 0, bs);
   AttentionMetadata* dmd = graph_.decode.count(bs) ? &graph_.decode.at(bs) : nullptr;
   AttentionMetadata* pmd = graph_.prefill.count(bs) ? &graph_.prefill.at(bs) : nullptr;
@@ -182,6 +189,13 @@ void MhaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& b) 
       if (t.size(1) > cols) fail("group_tables['" + id + "']", "at most " + str(cols) + " columns", t.shape_str());
       GroupBuffers& gb = graph_.groups.at(id);
       const int64_t live_rows = std::min<int64_t>(t.size(0), bs);
+      // Rows past the live table read page 0: only padded rows (seq_len <= 1) may lack one.
+      for (int64_t r = live_rows; host_len && r < bs; ++r) {
+        if ((*host_len)[r] > 1) {
+          fail("group_tables['" + id + "']", "a row for every request with seq_len > 1 (row " + str(r) +
+               " has seq_len " + str((*host_len)[r]) + ")", t.shape_str());
+        }
+      }
       const int64_t live_cols = t.size(1);
       // Graph tables are padded with 0: clear stale wider columns, and padded rows.
       if (live_cols < gb.written_cols) {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
+#include <set>
 #include <string>
 
 #include "pagedmha/error.h"
@@ -201,6 +203,50 @@ std::vector<CacheGroupTable> MhaBackend::shed_state_groups(const std::vector<Cac
   return kept;
 }
 
+void MhaBackend::check_unique_ids(const std::vector<std::string>& ids, const char* arg) {
+  std::set<std::string> seen;
+  for (const std::string& id : ids) {
+    if (!seen.insert(id).second) fail(arg, "distinct cache group ids", "'" + id + "' twice");
+  }
+}
+
+void MhaBackend::check_unique_ids(const std::vector<CacheGroupTable>& tables, const char* arg) {
+  std::vector<std::string> ids;
+  for (const CacheGroupTable& t : tables) ids.push_back(t.group_id);
+  check_unique_ids(ids, arg);
+}
+
+std::optional<std::vector<int32_t>> MhaBackend::host_seq_lens(const ForwardBatch& b, int bs) const {
+  std::vector<int32_t> L;
+  const char* arg = "batch.seq_lens";
+  if (config_.device.is_cpu()) {
+    L = host_values(b.seq_lens, arg, bs);
+  } else if (b.seq_lens_cpu.defined()) {
+    arg = "batch.seq_lens_cpu";
+    L = host_values(b.seq_lens_cpu, arg, bs);
+  } else {
+    return std::nullopt;
+  }
+  // Lengths past C would be clamped (verify) or read past the table's intent: refuse them.
+  for (int r = 0; r < bs; ++r) {
+    if (L[r] < 0 || L[r] > config_.context_len) {
+      fail(arg, "lengths in 0.." + str(config_.context_len) + " (context_len)", str(L[r]) + " at " + str(r));
+    }
+  }
+  return L;
+}
+
+// bs of forward_* must be the step's batch_size (block draft: requests, not rows).
+void MhaBackend::check_step_bs(int bs) const {
+  int step = -1;
+  if (decode_slot_ != nullptr) {
+    step = block_draft() ? decode_slot_->batch / config_.spec_num_tokens : decode_slot_->batch;
+  } else if (prefill_slot_ != nullptr) {
+    step = prefill_slot_->batch;
+  }
+  if (step >= 0 && bs != step) fail("bs", str(step) + " (this step's batch_size)", str(bs));
+}
+
 void MhaBackend::check_batch(const ForwardBatch& b, int max_bs) const {
   if (b.batch_size < 0 || b.batch_size > max_bs) {
     fail("batch.batch_size", "0.." + str(max_bs) + " (max_bs)", str(b.batch_size));
@@ -242,7 +288,9 @@ MhaBackend::GroupBuffers& MhaBackend::eager_group(const std::string& id) {
 }
 
 const GroupMetadata& MhaBackend::layer_group(const LayerSpec& layer, const AttentionMetadata& md) const {
-  if (md.groups.size() == 1) return md.groups.front();  // one group serves every layer
+  // A lone group also serves layers that name no group; a name must match, so a layer of
+  // a group whose table is missing this step never reads another group's table.
+  if (md.groups.size() == 1 && layer.group_id.empty()) return md.groups.front();
   std::string known;
   for (const GroupMetadata& g : md.groups) {
     if (g.group_id == layer.group_id) return g;
@@ -261,6 +309,7 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
   eager_decode_.groups.clear();
   if (b.forward_mode == ForwardMode::idle || b.batch_size == 0) return;
   check_batch(b, config_.max_bs);
+  check_unique_ids(b.group_tables, "batch.group_tables");
   const Device dev = config_.device;
   const Stream s = config_.stream;
   const int bs = b.batch_size;
@@ -321,6 +370,15 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
       const std::vector<int32_t> L = host_values(b.seq_lens_cpu, "batch.seq_lens_cpu", bs);
       for (int r = 0; r < bs; ++r) prefix[r] = L[r] - ext[r];
     }
+    // K/V lands at [prefix, prefix + ext) while attention reads [0, seq_len): they must meet.
+    if (const auto L = host_seq_lens(b, bs)) {
+      for (int r = 0; r < bs; ++r) {
+        if (int64_t{prefix[r]} + ext[r] != (*L)[r]) {
+          fail("batch.seq_lens", "prefix + extend length = " + str(int64_t{prefix[r]} + ext[r]) + " at " + str(r),
+               str((*L)[r]));
+        }
+      }
+    }
     int32_t* cu_q = ext_meta_host_.data();
     int32_t* cu_k = cu_q + bs + 1;
     int32_t* pre = cu_k + bs + 1;
@@ -371,6 +429,7 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     return;
   }
 
+  if (!block_draft()) host_seq_lens(b, bs);  // block draft: lengths are block ends, clamped
   if (block_draft()) {
     // N rows of one query per request, all of KV length clamp(block_end, N, C).
     const int64_t rows = int64_t{bs} * N;
@@ -446,7 +505,7 @@ TensorView MhaBackend::forward_extend(const TensorView& q, const TensorView& k, 
                                       const LayerSpec& layer, const KvCacheView& kv,
                                       const TensorView& out_cache_loc, int bs, const TensorView& out,
                                       bool save_kv_cache) {
-  (void)bs;
+  check_step_bs(bs);
   return run_attention(q, k, v, layer, kv, out_cache_loc, prefill_slot_ ? *prefill_slot_ : AttentionMetadata{},
                        out, save_kv_cache, prefill_slot_ ? "forward_extend" : nullptr);
 }
@@ -455,6 +514,7 @@ TensorView MhaBackend::forward_decode(const TensorView& q, const TensorView& k, 
                                       const LayerSpec& layer, const KvCacheView& kv,
                                       const TensorView& out_cache_loc, int bs, const TensorView& out,
                                       bool save_kv_cache) {
+  check_step_bs(bs);
   const AttentionMetadata* md = nullptr;
   if (block_draft()) {
     md = decode_slot_;  // bs * N rows of one query each; q rows / bs would read N
@@ -477,6 +537,9 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   if (Hq < 1 || Hkv < 1 || Hq % Hkv != 0) {
     fail("layer.num_q_heads", "a positive multiple of num_kv_heads " + str(Hkv), str(Hq));
   }
+  // Checked before any K/V write; 0, the LayerSpec default, means the usual D^-0.5.
+  if (!std::isfinite(layer.scaling)) fail("layer.scaling", "a finite sm_scale (0: head_dim^-0.5)", std::to_string(layer.scaling));
+  const float scaling = layer.scaling != 0.0f ? layer.scaling : 1.0f / std::sqrt(static_cast<float>(D));
   const TensorView q3 = rows3(q, Hq, D, "q");
   const TensorView out3 = rows3(out, Hq, D, "out");
   const int64_t T = q3.size(0);
@@ -498,15 +561,19 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
     if (!loc.defined()) fail("out_cache_loc", "int32 write slots when saving K/V", "undefined");
     const TensorView k3 = rows3(k, Hkv, D, "k");
     const TensorView v3 = rows3(v, Hkv, D, "v");
-    const int64_t n = std::min(k3.size(0), loc.size(0));  // k may carry padded rows
-    append_kv(k3.slice(0, 0, n), v3.slice(0, 0, n), kv.k_cache, kv.v_cache, loc.slice(0, 0, n), config_.page_size,
-              k_scale, v_scale, s);
+    // Exactly the step's T tokens: a short k or slot list would silently drop KV entries.
+    if (k3.size(0) != T) fail("k", str(T) + " rows (the step's tokens)", k.shape_str());
+    if (v3.size(0) != T) fail("v", str(T) + " rows (the step's tokens)", v.shape_str());
+    if (loc.ndim != 1 || loc.size(0) < T) {
+      fail("out_cache_loc", "int32 [>= " + str(T) + "] write slots (the step's tokens)", loc.shape_str());
+    }
+    append_kv(k3, v3, kv.k_cache, kv.v_cache, loc.slice(0, 0, T), config_.page_size, k_scale, v_scale, s);
   }
   if (T == 0) return out2;
 
   const TensorView table = md.groups.empty() ? md.page_table : layer_group(layer, md).page_table;
   AttentionParams params;
-  params.bmm1_scale = layer.scaling * k_scale;
+  params.bmm1_scale = scaling * k_scale;
   params.bmm2_scale = v_scale;  // upstream leaves this at 1: v_scale never reaches the reads
   params.window_left = layer.window_left;
   params.logits_soft_cap = layer.logits_soft_cap;

@@ -62,13 +62,14 @@ detail::AttentionProblem resolve_attention(const ArgCheck& chk, const TensorView
   chk.dtype_in(q, "q", {DType::bf16, DType::fp16, DType::fp8_e4m3});
   chk.last_dim_contiguous(q, "q");
   chk.aligned16(q, "q");
-  if (q.size(0) > kMaxInt) chk.fail("q", "at most 2^31 - 1 rows", q.shape_str());
+  const int rows = chk.int32_size(q, "q", 0);
+  const int hq = chk.int32_size(q, "q", 1);
 
   detail::AttentionProblem p;
   p.kv = q.dtype == DType::fp8_e4m3
              ? detail::resolve_cache(chk, k_cache, v_cache, page_size, dev, {DType::fp8_e4m3})
              : detail::resolve_cache(chk, k_cache, v_cache, page_size, dev, {q.dtype, DType::fp8_e4m3});
-  const int64_t rows = q.size(0), hq = q.size(1), hkv = p.kv.num_kv_heads, d = p.kv.head_dim;
+  const int hkv = p.kv.num_kv_heads, d = p.kv.head_dim;
   chk.head_dim(q.size(2), "q");
   if (q.size(2) != d) chk.fail("q", "head dim " + str(d) + " (the cache's)", q.shape_str());
   if (hq < 1 || hq % hkv != 0) {
@@ -83,10 +84,12 @@ detail::AttentionProblem resolve_attention(const ArgCheck& chk, const TensorView
   }
   chk.last_dim_contiguous(out, "out");
   chk.aligned16(out, "out");
+  chk.no_self_overlap(out, "out");
   if (lse.defined()) {
     chk.shape(lse, "lse", {rows, hq});
     chk.dtype(lse, "lse", DType::fp32);
     chk.last_dim_contiguous(lse, "lse");
+    chk.no_self_overlap(lse, "lse");
   }
   if (params.sinks.defined()) {
     chk.shape(params.sinks, "sinks", {hq});
@@ -101,12 +104,12 @@ detail::AttentionProblem resolve_attention(const ArgCheck& chk, const TensorView
   chk.int_at_least(params.num_splits, "num_splits", 0);
 
   chk.int32_vector(seq_lens, "seq_lens", dev, -1);
-  const int64_t batch = seq_lens.size(0);
+  const int batch = chk.int32_size(seq_lens, "seq_lens", 0);
   chk.int32_matrix(page_table, "page_table", dev);
   if (page_table.size(0) != batch) {
     chk.fail("page_table", "shape [" + str(batch) + ", *] (one row per seq_lens entry)", page_table.shape_str());
   }
-  if (page_table.size(1) > kMaxInt) chk.fail("page_table", "at most 2^31 - 1 columns", page_table.shape_str());
+  const int page_table_cols = chk.int32_size(page_table, "page_table", 1);
 
   p.q = q.data;
   p.q_dtype = q.dtype;
@@ -123,13 +126,13 @@ detail::AttentionProblem resolve_attention(const ArgCheck& chk, const TensorView
   }
   p.page_table = page_table.ptr<const int32_t>();
   p.page_table_row_stride = page_table.stride(0);
-  p.page_table_cols = static_cast<int>(page_table.size(1));
+  p.page_table_cols = page_table_cols;
   p.seq_lens = seq_lens.ptr<const int32_t>();
-  p.batch = static_cast<int>(batch);
-  p.num_rows = static_cast<int>(rows);
-  p.num_q_heads = static_cast<int>(hq);
-  p.num_kv_heads = static_cast<int>(hkv);
-  p.head_dim = static_cast<int>(d);
+  p.batch = batch;
+  p.num_rows = rows;
+  p.num_q_heads = hq;
+  p.num_kv_heads = hkv;
+  p.head_dim = d;
   p.bmm1_scale = params.bmm1_scale;
   p.bmm2_scale = params.bmm2_scale;
   p.window_left = params.window_left;
@@ -222,6 +225,12 @@ void append_kv(const TensorView& k, const TensorView& v, const TensorView& k_cac
   chk.aligned16(v, "v");
   detail::AppendKvProblem p;
   p.kv = detail::resolve_cache(chk, k_cache, v_cache, page_size, dev, {k.dtype, DType::fp8_e4m3});
+  // Written caches: one slot's head row must not alias another's, nor K alias V.
+  chk.no_self_overlap(k_cache, "k_cache");
+  chk.no_self_overlap(v_cache, "v_cache");
+  if (k_cache.data == v_cache.data && k_cache.numel() > 0) {
+    chk.fail("v_cache", "memory distinct from k_cache (append_kv writes both)", "the same base pointer as k_cache");
+  }
   if (k.size(1) != p.kv.num_kv_heads || k.size(2) != p.kv.head_dim) {
     chk.fail("k", "shape [*, " + str(p.kv.num_kv_heads) + ", " + str(p.kv.head_dim) + "] (the cache's heads)",
              k.shape_str());
@@ -345,6 +354,7 @@ void gather_page_table_with_padding(const TensorView& req_to_page, const TensorV
   chk.int32_vector(req_pool_indices, "req_pool_indices", dev, -1);
   chk.int32_vector(seq_lens, "seq_lens", dev, -1);
   chk.int32_matrix(out, "out", dev);
+  chk.no_self_overlap(out, "out");
   chk.int_at_least(page_size, "page_size", 1);
   chk.int_at_least(bs, "bs", 0);
   chk.int_at_least(cols, "cols", 0);
@@ -366,7 +376,7 @@ void gather_page_table_with_padding(const TensorView& req_to_page, const TensorV
   p.page_size = page_size;
   p.device = dev;
   p.stream = stream.handle;
-  if (bs == 0 || cols == 0) return;
+  if (bs == 0) return;
 
   if (dev.is_cpu()) {
     chk.non_negative(p.seq_lens, bs, "seq_lens");
@@ -381,11 +391,11 @@ void gather_page_table_with_padding(const TensorView& req_to_page, const TensorV
                  str(p.seq_lens[r]) + " at index " + str(r));
       }
     }
-    cpu::gather_page_table(p);
+    if (cols > 0) cpu::gather_page_table(p);
     return;
   }
 #if PAGEDMHA_WITH_CUDA
-  cuda::gather_page_table(p);
+  if (cols > 0) cuda::gather_page_table(p);
 #endif
 }
 

@@ -62,15 +62,21 @@ TensorView TensorView::from_arrays(void* data, DType dtype, Device device, int n
 TensorView::TensorView(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape)
     : TensorView(from_arrays(data, dtype, device, static_cast<int>(shape.size()), shape.begin())) {}
 
+namespace {
+// Checked before from_arrays reads shape.size() strides.
+const int64_t* matching_strides(std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides) {
+  if (strides.size() != shape.size()) {
+    throw_invalid_argument("TensorView", "strides", std::to_string(shape.size()) + " strides (one per dim)",
+                           std::to_string(strides.size()));
+  }
+  return strides.begin();
+}
+}  // namespace
+
 TensorView::TensorView(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape,
                        std::initializer_list<int64_t> strides)
     : TensorView(from_arrays(data, dtype, device, static_cast<int>(shape.size()), shape.begin(),
-                             strides.begin())) {
-  if (strides.size() != shape.size()) {
-    throw_invalid_argument("TensorView", "strides", std::to_string(shape.size()) + " strides",
-                           std::to_string(strides.size()));
-  }
-}
+                             matching_strides(shape, strides))) {}
 
 int64_t TensorView::numel() const {
   if (!defined()) return 0;

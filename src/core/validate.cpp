@@ -1,6 +1,8 @@
 #include "core/validate.h"
 
+#include <utility>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "pagedmha/error.h"
@@ -33,6 +35,9 @@ void ArgCheck::fail(const std::string& arg, const std::string& expected, const s
 
 void ArgCheck::defined(const TensorView& t, const char* arg) const {
   if (!t.defined()) fail(arg, "a tensor", "an undefined (absent) view");
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] < 0) fail(arg, "non-negative sizes", "shape " + t.shape_str());
+  }
 }
 
 void ArgCheck::dtype(const TensorView& t, const char* arg, DType want) const {
@@ -75,6 +80,7 @@ void ArgCheck::device(const TensorView& t, const char* arg, Device want) const {
 }
 
 void ArgCheck::last_dim_contiguous(const TensorView& t, const char* arg) const {
+  if (t.numel() == 0) return;  // an empty view addresses no element (NumPy gives it strides 0)
   if (t.ndim >= 1 && t.size(-1) > 1 && t.stride(-1) != 1) {
     fail(arg, "a contiguous last dim (stride 1)", "strides " + strides_str(t));
   }
@@ -91,6 +97,38 @@ void ArgCheck::aligned16(const TensorView& t, const char* arg) const {
     fail(arg, "a 16-byte aligned pointer and 16-byte multiple strides on CUDA",
          "strides " + strides_str(t) + " of " + dtype_name(t.dtype));
   }
+}
+
+void ArgCheck::no_self_overlap(const TensorView& t, const char* arg) const {
+  if (t.numel() <= 1) return;
+  // Sufficient and, for layouts that nest, necessary: visiting dims of size > 1 by
+  // increasing |stride|, each stride must step past everything the smaller ones span.
+  int order[TensorView::kMaxDims];
+  int n = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] > 1) order[n++] = d;
+  }
+  const auto mag = [&](int d) { return t.strides[d] < 0 ? -t.strides[d] : t.strides[d]; };
+  for (int i = 1; i < n; ++i) {  // insertion sort: at most kMaxDims entries
+    for (int j = i; j > 0 && mag(order[j]) < mag(order[j - 1]); --j) std::swap(order[j], order[j - 1]);
+  }
+  int64_t span = 0;  // largest offset reachable through the dims visited so far
+  for (int i = 0; i < n; ++i) {
+    const int d = order[i];
+    if (mag(d) <= span) {
+      fail(arg, "a view whose elements do not overlap (written by the op)",
+           "shape " + t.shape_str() + " with strides " + strides_str(t));
+    }
+    span += mag(d) * (t.shape[d] - 1);
+  }
+}
+
+int ArgCheck::int32_size(const TensorView& t, const char* arg, int dim) const {
+  const int64_t v = t.size(dim);
+  if (v > std::numeric_limits<int32_t>::max()) {
+    fail(arg, "size(" + std::to_string(dim) + ") at most 2^31 - 1", "shape " + t.shape_str());
+  }
+  return static_cast<int>(v);
 }
 
 void ArgCheck::int32_vector(const TensorView& t, const char* arg, Device dev, int64_t len) const {
@@ -173,7 +211,7 @@ KvCacheDesc resolve_cache(const ArgCheck& chk, const TensorView& k_cache, const 
   KvCacheDesc kv;
   kv.dtype = k_cache.dtype;
   kv.page_size = page_size;
-  kv.num_kv_heads = static_cast<int>(k_cache.size(-2));
+  kv.num_kv_heads = chk.int32_size(k_cache, "k_cache", k_cache.ndim - 2);
   kv.head_dim = static_cast<int>(k_cache.size(-1));
   chk.head_dim(k_cache.size(-1), "k_cache");
   if (k_cache.size(-2) < 1) chk.fail("k_cache", "at least one KV head", k_cache.shape_str());

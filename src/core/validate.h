@@ -21,6 +21,7 @@ class ArgCheck {
   [[noreturn]] void fail(const std::string& arg, const std::string& expected,
                          const std::string& given) const;
 
+  /// A defined view with non-negative sizes (every tensor check starts here).
   void defined(const TensorView& t, const char* arg) const;
   void dtype(const TensorView& t, const char* arg, DType want) const;
   void dtype_in(const TensorView& t, const char* arg, std::initializer_list<DType> allowed) const;
@@ -34,6 +35,11 @@ class ArgCheck {
   void last_dim_contiguous(const TensorView& t, const char* arg) const;
   /// A CUDA tensor's base pointer and non-last strides are 16-byte aligned (vector loads).
   void aligned16(const TensorView& t, const char* arg) const;
+  /// No two indices address the same element (outputs and caches that the op writes):
+  /// rejects stride 0 on a dim of size > 1 and strides that step inside another dim.
+  void no_self_overlap(const TensorView& t, const char* arg) const;
+  /// t.size(dim) as an int; fails when it exceeds 2^31 - 1.
+  int int32_size(const TensorView& t, const char* arg, int dim) const;
   /// int32, 1-d, contiguous, on `dev`, exactly `len` elements (len < 0: any length).
   void int32_vector(const TensorView& t, const char* arg, Device dev, int64_t len) const;
   /// int32, 2-d, last dim contiguous, on `dev`.

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numbers>
 #include <vector>
 
 #include "cpu/convert.h"
@@ -21,6 +22,8 @@ using detail::AttentionProblem;
 constexpr int kKeyBlock = 64;       // keys converted to fp32 at a time
 constexpr int kQueryVectors = 64;   // target (query row x head) vectors per work item
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// The largest logit whose log2 form (the CUDA kernels' units) is finite: FLT_MAX * ln 2.
+constexpr float kMaxLogit = static_cast<float>(std::numeric_limits<float>::max() * std::numbers::ln2);
 
 struct Request {
   int64_t row0;  // first query row
@@ -161,7 +164,8 @@ PAGEDMHA_CPU_CLONES void run_item(const AttentionProblem& p, const WorkItem& w, 
         scores(qv, sc.k.data(), a, e, D, s);
         float block_max = kNegInf;
         for (int jj = a; jj < e; ++jj) {
-          float x = p.bmm1_scale * s[jj];
+          // Overflowing logits count as kMaxLogit (SEMANTICS): no inf - inf, same as CUDA.
+          float x = std::fmin(p.bmm1_scale * s[jj], kMaxLogit);
           if (cap > 0.0f) x = cap * std::tanh(x / cap);  // soft-cap before masking
           s[jj] = x;
           block_max = std::max(block_max, x);

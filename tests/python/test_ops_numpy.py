@@ -472,9 +472,57 @@ def test_error_bad_slot_on_cpu(rng):
         pm.append_kv(k, k, k_cache, k_cache.copy(), np.array([8], np.int32), 4)
 
 
-def test_non_array_is_type_error():
-    with pytest.raises(TypeError):
+def test_non_array_names_the_argument(rng):
+    """D14: a list, str or float where an array is expected is a pagedmha.Error
+    naming the op, the argument and what was given (not nanobind's signature dump)."""
+    with pytest.raises(pm.Error, match=r"^cumsum_lengths: lengths: expected an array .*got list \[1, 2, 3\]$"):
         pm.cumsum_lengths([1, 2, 3], np.zeros(4, np.int32))
+    with pytest.raises(pm.Error, match=r"^cumsum_lengths: out: expected an array .*got list"):
+        pm.cumsum_lengths(np.array([1, 2], np.int32), [0, 0, 0])
+    pg = Paged(rng, [5], 4, 1, 64)
+    q = fp16(rng.standard_normal((1, 2, 64)))
+    k, v = fp16(pg.k), fp16(pg.v)
+    out = np.zeros_like(q)
+    with pytest.raises(pm.Error, match=r"^batch_decode: q: expected an array .*got str 'hello'$"):
+        pm.batch_decode("hello", k, v, pg.page_table, pg.seq_lens, 4, 1, out)
+    with pytest.raises(pm.Error, match=r"^batch_decode: seq_lens: expected an array .*got float 5.0$"):
+        pm.batch_decode(q, k, v, pg.page_table, 5.0, 4, 1, out)
+
+
+def test_read_only_inputs_accepted_outputs_rejected(rng):
+    """D14: inputs may be read-only (zero-copy still); outputs and caches must be writable."""
+    pg = Paged(rng, [5, 9], 4, 1, 64)
+    q = fp16(rng.standard_normal((2, 2, 64)))
+    k, v = fp16(pg.k), fp16(pg.v)
+    out = np.full_like(q, np.nan)
+    pm.batch_decode(q, k, v, pg.page_table, pg.seq_lens, 4, 1, out)
+    want = out.copy()
+    for a in (q, k, v, pg.page_table, pg.seq_lens):
+        a.setflags(write=False)
+    out[...] = np.nan
+    pm.batch_decode(q, k, v, pg.page_table, pg.seq_lens, 4, 1, out)
+    np.testing.assert_array_equal(out, want)
+    out.setflags(write=False)
+    with pytest.raises(pm.Error, match=r"^batch_decode: out: expected a writable array .*got a read-only array$"):
+        pm.batch_decode(q, k, v, pg.page_table, pg.seq_lens, 4, 1, out)
+    k_cache = np.zeros((8, 1, 64), np.float16)
+    k_cache.setflags(write=False)
+    new = fp16(rng.standard_normal((1, 1, 64)))
+    new.setflags(write=False)
+    with pytest.raises(pm.Error, match=r"^append_kv: k_cache: expected a writable array"):
+        pm.append_kv(new, new, k_cache, np.zeros((8, 1, 64), np.float16), np.array([3], np.int32), 4)
+
+
+def test_empty_numpy_arrays_are_no_ops():
+    """D5: NumPy gives empty arrays strides 0; T = 0 and batch 0 are no-ops."""
+    k_cache = np.zeros((32, 2, 64), np.float16)
+    k0 = np.zeros((0, 2, 64), np.float16)
+    assert k0.strides == (0, 0, 0)
+    pm.append_kv(k0, k0, k_cache, k_cache.copy(), np.zeros(0, np.int32), 4)
+    assert not k_cache.any()
+    q0 = np.zeros((0, 4, 64), np.float16)
+    pm.batch_decode(q0, k_cache, k_cache, np.zeros((0, 4), np.int32), np.zeros(0, np.int32), 4, 1,
+                    q0.copy())
 
 
 def test_debug_validation_toggle():

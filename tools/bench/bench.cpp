@@ -5,11 +5,14 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <random>
 #include <sstream>
 #include <vector>
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -50,6 +53,7 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 double median(std::vector<double> v) {
+  if (v.empty()) throw Error("bench: internal: median of no repeats");
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
@@ -145,13 +149,27 @@ void add_bench_options(CLI::App& app, BenchOptions& o) {
   app.add_option("--device", o.device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--ops", o.ops, "Comma list: decode, prefill");
   app.add_option("--models", o.models, "Comma list: llama3-8b, llama3-70b, qwen2.5-7b, gemma, gpt-oss, gpt-oss-swa");
-  app.add_option("--iters", o.iters, "Timed iterations per repeat (CUDA default 50, CPU 2)");
-  app.add_option("--repeats", o.repeats, "Repeats; the median is reported");
-  app.add_option("--scale", o.scale, "Divide every ctx / S by this (CUDA default 1, CPU 16: the CPU is slow)");
+  app.add_option("--iters", o.iters, "Timed iterations per repeat (CUDA default 50, CPU 2)")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--repeats", o.repeats, "Repeats; the median is reported")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--scale", o.scale, "Divide every ctx / S by this (CUDA default 1, CPU 16: the CPU is slow)")
+      ->check(CLI::Range(1, 1 << 30));
   app.add_option("--out-dir", o.out_dir, "Results folder (default: <source>/bench/results)");
 }
 
 int bench_main(const BenchOptions& o) {
+  // -1 = the device default; anything else must be >= 1 (an empty median has no value).
+  if (o.repeats < 1) throw_invalid_argument("bench", "--repeats", ">= 1", std::to_string(o.repeats));
+  if (o.iters == 0 || o.iters < -1) throw_invalid_argument("bench", "--iters", ">= 1", std::to_string(o.iters));
+  if (o.scale == 0 || o.scale < -1) throw_invalid_argument("bench", "--scale", ">= 1", std::to_string(o.scale));
+  // The results folder is made (and checked writable) before minutes of measuring.
+  const std::string dir = o.out_dir.empty() ? std::string(PAGEDMHA_SOURCE_DIR) + "/bench/results" : o.out_dir;
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec || !std::filesystem::is_directory(dir) || access(dir.c_str(), W_OK) != 0)
+      throw_invalid_argument("bench", "--out-dir", "a writable folder (created when missing)",
+                             dir + (ec ? " (" + ec.message() + ")" : ""));
+  }
   const Device dev = parse_device(o.device);
   const int iters = o.iters > 0 ? o.iters : dev.is_cuda() ? 50 : 2;
   const int scale = o.scale > 0 ? o.scale : dev.is_cuda() ? 1 : 16;
@@ -200,7 +218,6 @@ int bench_main(const BenchOptions& o) {
   for (char& ch : gpu) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
   std::string ymd = date;
   ymd.erase(std::remove(ymd.begin(), ymd.end(), '-'), ymd.end());
-  const std::string dir = o.out_dir.empty() ? std::string(PAGEDMHA_SOURCE_DIR) + "/bench/results" : o.out_dir;
   const std::string path = dir + "/" + gpu + "-kernels-" + ymd + ".json";
   std::ofstream f(path);
   if (!f) throw_invalid_argument("bench", "--out-dir", "a writable folder", dir);

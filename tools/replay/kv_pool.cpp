@@ -65,7 +65,7 @@ int PrefixCache::match(const std::vector<int64_t>& hash_ids, int max_blocks,
     key = chain_key(key, hash_ids[blocks]);
     auto it = nodes_.find(key);
     if (it == nodes_.end()) break;
-    it->second.last_used = now;
+    touch(key, it->second, now);
     for (size_t g = 0; g < pools_->size(); ++g)
       for (int32_t page : it->second.pages[g]) {
         (*pools_)[g].retain(page);
@@ -93,9 +93,18 @@ bool PrefixCache::insert(const std::vector<int64_t>& hash_ids, int block,
       n.pages[g].push_back(page);
     }
   }
-  if (block > 0) ++nodes_[parent].children;
+  if (block > 0 && nodes_.at(parent).children++ == 0) leaves_.erase({nodes_.at(parent).last_used, parent});
   nodes_.emplace(key, std::move(n));
+  leaves_.insert({now, key});
   return true;
+}
+
+void PrefixCache::touch(uint64_t key, Node& n, int64_t now) {
+  if (n.children == 0) {
+    leaves_.erase({n.last_used, key});
+    leaves_.insert({now, key});
+  }
+  n.last_used = now;
 }
 
 bool PrefixCache::evictable(const Node& n) const {
@@ -109,15 +118,19 @@ bool PrefixCache::evictable(const Node& n) const {
 int64_t PrefixCache::evict(int group, int64_t wanted) {
   int64_t freed = 0;
   while (freed < wanted) {
-    auto victim = nodes_.end();
-    for (auto it = nodes_.begin(); it != nodes_.end(); ++it)
-      if (evictable(it->second) && (victim == nodes_.end() || it->second.last_used < victim->second.last_used))
-        victim = it;
-    if (victim == nodes_.end()) break;
+    // The least recently used leaf whose pages only the cache holds (ties: smallest key).
+    auto leaf = leaves_.begin();
+    while (leaf != leaves_.end() && !evictable(nodes_.at(leaf->second))) ++leaf;
+    if (leaf == leaves_.end()) break;
+    const auto victim = nodes_.find(leaf->second);
+    leaves_.erase(leaf);
     for (size_t g = 0; g < pools_->size(); ++g)
       for (int32_t page : victim->second.pages[g]) (*pools_)[g].release(page);
     freed += static_cast<int64_t>(victim->second.pages[group].size());
-    if (victim->second.parent != 0) --nodes_.at(victim->second.parent).children;
+    if (victim->second.parent != 0) {
+      Node& parent = nodes_.at(victim->second.parent);
+      if (--parent.children == 0) leaves_.insert({parent.last_used, victim->second.parent});
+    }
     nodes_.erase(victim);
   }
   return freed;

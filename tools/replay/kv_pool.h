@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -72,6 +74,11 @@ class PrefixCache {
   };
   static uint64_t chain_key(uint64_t parent, int64_t hash_id);
   bool evictable(const Node& n) const;
+  void touch(uint64_t key, Node& n, int64_t now);
+
+  // Leaves (children == 0) by (last_used, key): eviction walks them oldest first, so a
+  // victim costs O(log n + leaves still in use), not a scan of every cached block.
+  std::set<std::pair<int64_t, uint64_t>> leaves_;
 
   std::vector<PagePool>* pools_;
   int pages_per_block_;

@@ -40,29 +40,35 @@ std::vector<float> reference_row(const ModelSpec& m, const Scheduler& sched, int
                                  DType kv_dtype, DType q_dtype, uint64_t seed) {
   const int P = 16;
   const int64_t L = int64_t{position} + 1;
-  const int64_t pages = (L + P - 1) / P;
+  // Only keys the query can see are generated: a sliding layer costs O(window), not O(L)
+  // (pages before the window map to the zero page 0, which the window masks anyway).
+  const int w = m.window_left(layer);
+  const int64_t lo = w >= 0 ? std::max<int64_t>(0, L - 1 - w) : 0;
+  const int64_t pages = (L + P - 1) / P, first_page = lo / P, held = pages - first_page;
+  const int64_t n = L - lo;
   const int Hq = m.num_q_heads, Hkv = m.num_kv_heads, D = m.head_dim;
-  Buffer kc = Buffer::empty({(pages + 1) * P, Hkv, D}, kv_dtype, Device::cpu());
-  Buffer vc = Buffer::empty({(pages + 1) * P, Hkv, D}, kv_dtype, Device::cpu());
+  Buffer kc = Buffer::empty({(held + 1) * P, Hkv, D}, kv_dtype, Device::cpu());
+  Buffer vc = Buffer::empty({(held + 1) * P, Hkv, D}, kv_dtype, Device::cpu());
   fill_bytes(kc.data(), Device::cpu(), 0, kc.bytes());
   fill_bytes(vc.data(), Device::cpu(), 0, vc.bytes());
-  std::vector<TokenRef> toks(L);
-  std::vector<int32_t> slots(L), table(pages);
-  for (int64_t p = 0; p < L; ++p) {
-    toks[p] = {sched.token_stream(request, static_cast<int>(p)), static_cast<int32_t>(p), 0};
-    slots[p] = static_cast<int32_t>(P + p);
+  std::vector<TokenRef> toks(n);
+  std::vector<int32_t> slots(n), table(pages, 0);
+  for (int64_t c = first_page; c < pages; ++c) table[c] = static_cast<int32_t>(c - first_page + 1);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t p = lo + i;
+    toks[i] = {sched.token_stream(request, static_cast<int>(p)), static_cast<int32_t>(p), 0};
+    slots[i] = static_cast<int32_t>(table[p / P] * P + p % P);
   }
-  for (int64_t c = 0; c < pages; ++c) table[c] = static_cast<int32_t>(c + 1);
-  Buffer k = Buffer::empty({L, Hkv, D}, q_dtype, Device::cpu());
-  Buffer v = Buffer::empty({L, Hkv, D}, q_dtype, Device::cpu());
-  fill_tokens_host(k.view({L, Hkv, D}, q_dtype), toks.data(), L, seed, layer, TokenTensor::k);
-  fill_tokens_host(v.view({L, Hkv, D}, q_dtype), toks.data(), L, seed, layer, TokenTensor::v);
+  Buffer k = Buffer::empty({n, Hkv, D}, q_dtype, Device::cpu());
+  Buffer v = Buffer::empty({n, Hkv, D}, q_dtype, Device::cpu());
+  fill_tokens_host(k.view({n, Hkv, D}, q_dtype), toks.data(), n, seed, layer, TokenTensor::k);
+  fill_tokens_host(v.view({n, Hkv, D}, q_dtype), toks.data(), n, seed, layer, TokenTensor::v);
   const bool fp8 = kv_dtype == DType::fp8_e4m3;
   const float ks = fp8 ? kFp8Scale : 1.0f, vs = fp8 ? kFp8Scale : 1.0f;
-  const TensorView kcv = kc.view({(pages + 1) * P, Hkv, D}, kv_dtype);
-  const TensorView vcv = vc.view({(pages + 1) * P, Hkv, D}, kv_dtype);
-  append_kv(k.view({L, Hkv, D}, q_dtype), v.view({L, Hkv, D}, q_dtype), kcv, vcv,
-            TensorView(slots.data(), DType::int32, Device::cpu(), {L}), P, ks, vs);
+  const TensorView kcv = kc.view({(held + 1) * P, Hkv, D}, kv_dtype);
+  const TensorView vcv = vc.view({(held + 1) * P, Hkv, D}, kv_dtype);
+  append_kv(k.view({n, Hkv, D}, q_dtype), v.view({n, Hkv, D}, q_dtype), kcv, vcv,
+            TensorView(slots.data(), DType::int32, Device::cpu(), {n}), P, ks, vs);
   Buffer q = Buffer::empty({1, Hq, D}, q_dtype, Device::cpu());
   const TokenRef qt{sched.token_stream(request, position), position, 0};
   fill_tokens_host(q.view({1, Hq, D}, q_dtype), &qt, 1, seed, layer, TokenTensor::q);
@@ -72,7 +78,7 @@ std::vector<float> reference_row(const ModelSpec& m, const Scheduler& sched, int
   AttentionParams params;
   params.bmm1_scale = ks / std::sqrt(static_cast<float>(D));
   params.bmm2_scale = vs;
-  params.window_left = m.window_left(layer);
+  params.window_left = w;
   if (m.sinks) params.sinks = TensorView(sinks.data(), DType::fp32, Device::cpu(), {Hq});
   int32_t seq_len = static_cast<int32_t>(L), cu[2] = {0, 1};
   batch_prefill(q.view({1, Hq, D}, q_dtype), kcv, vcv, TensorView(table.data(), DType::int32, Device::cpu(), {1, pages}),
@@ -178,6 +184,14 @@ ReplayResult run_replay(const ReplayOptions& given) {
   const auto wall0 = std::chrono::steady_clock::now();
   ReplayResult res;
   res.device = parse_device(given.device);
+  // -1 is "not given"; any other value must be meaningful (the CLI checks these too).
+  if (given.kv_memory_gb != -1.0 && !(given.kv_memory_gb > 0.0))
+    throw_invalid_argument("replay", "--kv-memory", "> 0 GB", std::to_string(given.kv_memory_gb));
+  if (given.requests != -1 && (given.requests < 1 || given.requests > kMaxReplayRequests))
+    throw_invalid_argument("replay", "--requests", "1.." + std::to_string(kMaxReplayRequests),
+                           std::to_string(given.requests));
+  if (given.spec_tokens < 1 || given.spec_tokens > 8)
+    throw_invalid_argument("replay", "--spec-tokens", "1..8 (the backend's limit)", std::to_string(given.spec_tokens));
   const ReplayOptions o = resolve_replay_defaults(given, res.device);
   res.options = o;
   ModelOverrides ov = o.overrides;
@@ -244,7 +258,28 @@ ReplayResult run_replay(const ReplayOptions& given) {
 
   const double q_bytes = double(dtype_size(q_dtype)), kv_bytes = double(dtype_size(kv_dtype));
   const double tokens_total = double(res.prompt_tokens + res.output_tokens);
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count(); };
+  // Progress: one line every ~2 s (newline-terminated, so a redirected log shows how far it got).
+  double next_progress = 2.0;
+  int64_t last_steps = 0;
+  double last_t = 0.0;
+  const auto progress = [&](bool final_line) {
+    const double t = elapsed();
+    const int64_t n = static_cast<int64_t>(res.steps.size());
+    const double rate = t > last_t ? double(n - last_steps) / (t - last_t) : 0.0;
+    const double done_tokens = double(sched.stats().prefill_tokens + sched.stats().generated_tokens);
+    std::fprintf(stderr,
+                 "[replay] %7.1f s  steps %lld  finished %lld/%lld  running %lld  waiting %lld  tokens %.0f (%.1f%%)  "
+                 "%.1f steps/s%s\n",
+                 t, static_cast<long long>(n), static_cast<long long>(sched.finished()),
+                 static_cast<long long>(res.requests), static_cast<long long>(sched.running()),
+                 static_cast<long long>(sched.waiting()), done_tokens,
+                 100.0 * std::min(1.0, done_tokens / std::max(tokens_total, 1.0)), rate, final_line ? "  (end)" : "");
+    std::fflush(stderr);
+    last_steps = n, last_t = t;
+  };
   while (!sched.done() && (o.max_steps < 0 || static_cast<int64_t>(res.steps.size()) < o.max_steps)) {
+    if (o.time_limit_s >= 0 && elapsed() >= o.time_limit_s) break;
     const auto ts0 = std::chrono::steady_clock::now();
     const StepPlan plan = sched.schedule();
     double schedule_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts0).count();
@@ -309,20 +344,16 @@ ReplayResult run_replay(const ReplayOptions& given) {
     rec.waiting = sched.waiting();
     res.steps.push_back(rec);
     if (!res.check.ok) break;
-    if (o.progress && (plan.step % 20 == 0 || sched.done())) {
-      const double done_tokens = double(sched.stats().prefill_tokens + sched.stats().generated_tokens);
-      std::fprintf(stderr, "\r[replay] step %lld  finished %lld/%lld  running %lld  waiting %lld  pages %lld  %.1f%%   ",
-                   static_cast<long long>(plan.step), static_cast<long long>(sched.finished()),
-                   static_cast<long long>(res.requests), static_cast<long long>(sched.running()),
-                   static_cast<long long>(sched.waiting()), static_cast<long long>(rec.pages_in_use[0]),
-                   100.0 * std::min(1.0, done_tokens / tokens_total));
-      std::fflush(stderr);
+    if (o.progress && elapsed() >= next_progress) {
+      progress(false);
+      next_progress = elapsed() + 2.0;
     }
   }
-  if (o.progress) std::fprintf(stderr, "\n");
+  if (o.progress) progress(true);
   sched.check_invariants();
   res.sched = sched.stats();
   res.finished = sched.finished();
+  res.truncated = !sched.done() && res.check.ok;
   res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return res;
 }
@@ -361,12 +392,14 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
   j["device"] = r.device.str();
   j["gpu"] = c.gpu.empty() ? json(nullptr) : json(c.gpu);
   j["executor"] = r.executor;
+  j["truncated"] = r.truncated;  // stopped by --time-limit / --max-steps: the summary covers the steps run
   j["options"] = {{"trace", o.trace.empty() ? "built-in" : o.trace}, {"format", o.format}, {"requests", o.requests},
                   {"model", o.model}, {"kv_dtype", o.kv_dtype}, {"page_size", o.page_size},
                   {"pages_per_group", r.pages_per_group}, {"token_budget", o.token_budget},
                   {"max_running", o.max_running}, {"spec_tokens", o.spec_tokens}, {"accept_rate", o.accept_rate},
                   {"prefix_cache", o.prefix_cache}, {"cuda_graphs", o.cuda_graphs}, {"check_every", o.check_every},
-                  {"seed", o.seed}};
+                  {"seed", o.seed}, {"max_steps", o.max_steps},
+                  {"time_limit_s", o.time_limit_s >= 0 ? json(o.time_limit_s) : json(nullptr)}};
   json groups = json::array();
   for (const CacheGroupSpec& g : r.model.groups) groups.push_back({{"name", g.name}, {"window_left", g.window_left}});
   j["model"] = {{"name", r.model.name}, {"layers", r.model.num_layers}, {"q_heads", r.model.num_q_heads},
@@ -374,7 +407,7 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
                 {"cache_groups", groups}};
   const SchedulerStats& s = r.sched;
   j["summary"] = {
-      {"requests", r.requests}, {"finished", r.finished}, {"steps", steps}, {"decode_steps", dec_steps},
+      {"requests", r.requests}, {"finished", r.finished}, {"truncated", r.truncated}, {"steps", steps}, {"decode_steps", dec_steps},
       {"prompt_tokens", r.prompt_tokens}, {"output_tokens", r.output_tokens},
       {"prefill_tokens_computed", s.prefill_tokens}, {"decode_query_tokens", s.decode_tokens},
       {"generated_tokens", s.generated_tokens}, {"accepted_draft_tokens", s.accepted_draft_tokens},
@@ -442,7 +475,8 @@ std::string replay_summary(const ReplayResult& r) {
   auto num = [](const nlohmann::json& v, const char* f) { return v.is_null() ? std::string("-") : fmt(f, v.get<double>()); };
   out << "pagedmha replay: " << r.model.describe() << "\n";
   line("executor", r.executor);
-  line("requests (finished / total)", std::to_string(r.finished) + " / " + std::to_string(r.requests));
+  line("requests (finished / total)", std::to_string(r.finished) + " / " + std::to_string(r.requests) +
+                                          (r.truncated ? "  TRUNCATED (--time-limit / --max-steps)" : ""));
   line("steps", std::to_string(r.steps.size()));
   line("prompt / output tokens", std::to_string(r.prompt_tokens) + " / " + std::to_string(r.output_tokens));
   line("prefill tokens computed", std::to_string(r.sched.prefill_tokens));

@@ -14,6 +14,9 @@
 
 namespace pagedmha::tools {
 
+/// Largest --requests (the built-in workload is generated in memory).
+inline constexpr int64_t kMaxReplayRequests = 10'000'000;
+
 /// Every option of the subcommand; negative / empty values mean "the device default"
 /// (see resolve_replay_defaults).
 struct ReplayOptions {
@@ -36,6 +39,7 @@ struct ReplayOptions {
   int check_every = -1;          // 0: off
   int check_rows = 2;            // rows checked per checked step
   int64_t max_steps = -1;        // stop after this many steps
+  double time_limit_s = -1.0;    // wall clock: stop starting steps after this many seconds (< 0: none)
   uint64_t seed = 1;
   double ceiling_read_tbps = -1.0;  // roofline ceilings, TB/s and TFLOP/s; on a GPU by default
   double ceiling_tflops = -1.0;     // the H200's measured 4.6 / 760, on the CPU none (0)
@@ -91,6 +95,7 @@ struct ReplayResult {
   CheckStats check;
   double wall_s = 0.0;
   int64_t pages_per_group = 0;
+  bool truncated = false;  // stopped by --time-limit / --max-steps before every request finished
 };
 
 /// Runs the replay; throws Error for bad options or traces. A check mismatch stops the

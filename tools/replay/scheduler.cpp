@@ -28,7 +28,7 @@ Scheduler::Scheduler(const ModelSpec& model, const SchedulerConfig& config,
   if (config_.page_size < 1) bad("--page-size", ">= 1", config_.page_size);
   if (config_.token_budget < 1) bad("--token-budget", ">= 1", config_.token_budget);
   if (config_.max_running < 1) bad("--max-running", ">= 1", config_.max_running);
-  if (config_.spec_tokens < 1 || config_.spec_tokens > 16) bad("--spec-tokens", "1..16", config_.spec_tokens);
+  if (config_.spec_tokens < 1 || config_.spec_tokens > 8) bad("--spec-tokens", "1..8 (the backend's limit)", config_.spec_tokens);
   if (config_.token_budget < config_.spec_tokens)
     bad("--token-budget", ">= --spec-tokens (" + std::to_string(config_.spec_tokens) + ")",
         config_.token_budget);

@@ -26,7 +26,7 @@
 
 namespace pagedmha::cuda {
 
-template <int D_, class T_, class KV_, int WM_, int MT_ = 1>
+template <int D_, class T_, class KV_, int WM_, int MT_ = 1, int KW_ = 0, bool FoldScale_ = false>
 struct AttentionTraits {
   static constexpr int D = D_;
   using T = T_;    // query / output / mma operand type (bf16 or fp16)
@@ -37,8 +37,12 @@ struct AttentionTraits {
   static constexpr int WN = 4 / WM;
   static constexpr int MT = MT_;  // m16 row tiles per warp
   static constexpr int M = 16 * MT * WM;
-  // keys per warp per tile (32 with two row tiles: S then takes 32 registers, not 64)
-  static constexpr int KW = WN == 1 ? ((D == 256 || MT == 2) ? 32 : 64) : 16;
+  // keys per warp per tile (KW_ = 0: 64 for one row tile, 32 with two (S then takes
+  // 32 registers, not 64) or at D = 256; 16 when the warps split the keys)
+  static constexpr int KW = KW_ != 0 ? KW_ : (WN == 1 ? ((D == 256 || MT == 2) ? 32 : 64) : 16);
+  // The softmax scale rides on the FFMA feeding ex2 (one FMUL per logit less). Off for
+  // decode, whose split-KV partials are kept bitwise to its tested rounding.
+  static constexpr bool kFoldScale = FoldScale_;
   static constexpr int BN = KW * WN;                                // keys per tile
   static constexpr int kChunks = D / 8;                             // 16-byte chunks of a T row
 
@@ -254,8 +258,10 @@ __device__ void attention_mainloop(const AttentionArgs& a, const AttentionSmem<T
       }
     }
 
-    // Scale (and soft-cap) into log2 units (the branch is uniform: hoisted out of the
-    // element loops), then mask outside each row's visible keys.
+    // Soft-cap into log2 units, or (kFoldScale, scale > 0) leave the logits raw and fold
+    // the scale into the softmax's FFMA; the branches are uniform (hoisted out of the
+    // element loops). Masking below writes -inf, which any positive scale keeps.
+    float fold = 1.0f;
     if (a.cap_log2 > 0.0f) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -265,6 +271,8 @@ __device__ void attention_mainloop(const AttentionArgs& a, const AttentionSmem<T
           for (int e = 0; e < 4; ++e) s[mt][i][e] = a.cap_log2 * tanhf(s[mt][i][e] * a.cap_inner);
         }
       }
+    } else if (Tr::kFoldScale && a.logit_scale_log2 > 0.0f) {
+      fold = a.logit_scale_log2;
     } else {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -297,23 +305,29 @@ __device__ void attention_mainloop(const AttentionArgs& a, const AttentionSmem<T
     }
 
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) res.sm[mt].template update<KW / 8, D / 8>(s[mt], res.acc[mt]);
+    for (int mt = 0; mt < MT; ++mt) res.sm[mt].template update<KW / 8, D / 8>(s[mt], res.acc[mt], fold);
 
     // O += P V: P's C fragments are A fragments of the k16 steps over keys; each V
     // fragment feeds the warp's MT row tiles.
     if constexpr (Tr::kFp8) {
       pv_fp8<Tr>(res.acc, s, v_base, wn, lane);  // fp16 mma, even / odd dim layout
     } else {
+      // P packed to 16-bit A fragments up front: half the registers of fp32 S while the
+      // V fragments stream.
+      uint32_t p[KW / 16][MT][4];
 #pragma unroll
       for (int kk = 0; kk < KW / 16; ++kk) {
-        uint32_t pa[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+          p[kk][mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          p[kk][mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          p[kk][mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          p[kk][mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
         }
+      }
+#pragma unroll
+      for (int kk = 0; kk < KW / 16; ++kk) {
+        const uint32_t(&pa)[MT][4] = p[kk];
         const int key = wn * KW + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {

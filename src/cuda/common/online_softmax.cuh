@@ -11,6 +11,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cfloat>
+
 namespace pagedmha::cuda {
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -28,32 +30,41 @@ struct SoftmaxRows {
     l[0] = l[1] = 0.0f;
   }
 
-  /// s: NS m16n8 logit fragments of one KV tile, replaced by the probabilities
-  /// exp2(s - m_new); acc: ND m16n8 output fragments, rescaled to m_new.
+  /// s: NS m16n8 logit fragments of one KV tile, in log2 units once multiplied by
+  /// `scale` (> 0; folded into the FFMA that feeds ex2), replaced by the probabilities
+  /// exp2(s * scale - m_new); acc: ND m16n8 output fragments, rescaled to m_new. The
+  /// rescale is skipped when no reference of the warp moved (alpha == 1: exact), the
+  /// common case once the integer reference has settled.
   template <int NS, int ND>
-  __device__ __forceinline__ void update(float (&s)[NS][4], float (&acc)[ND][4]) {
+  __device__ __forceinline__ void update(float (&s)[NS][4], float (&acc)[ND][4], float scale = 1.0f) {
+    float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = m[h];
+      float mx = -INFINITY;
 #pragma unroll
       for (int i = 0; i < NS; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * h], s[i][2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float ref = mx == -INFINITY ? 0.0f : ceilf(mx);
-      const float alpha = fast_exp2(m[h] - ref);  // exact: 0 or 2^-k
+      mx = fmaxf(m[h], mx * scale);  // scale > 0: max commutes with it
+      // A logit overflowing to +inf counts as FLT_MAX (SEMANTICS): the reference stays
+      // finite and the clamp below gives such keys exp2(0) = 1 instead of inf - inf.
+      const float ref = mx == -INFINITY ? 0.0f : fminf(ceilf(mx), FLT_MAX);
+      alpha[h] = fast_exp2(m[h] - ref);  // exact: 0, 2^-k or 1
       m[h] = mx == -INFINITY ? -INFINITY : ref;
       float sum = 0.0f;
 #pragma unroll
       for (int i = 0; i < NS; ++i) {
-        s[i][2 * h] = fast_exp2(s[i][2 * h] - ref);
-        s[i][2 * h + 1] = fast_exp2(s[i][2 * h + 1] - ref);
+        s[i][2 * h] = fast_exp2(fminf(fmaf(s[i][2 * h], scale, -ref), 0.0f));
+        s[i][2 * h + 1] = fast_exp2(fminf(fmaf(s[i][2 * h + 1], scale, -ref), 0.0f));
         sum += s[i][2 * h] + s[i][2 * h + 1];
       }
-      l[h] = l[h] * alpha + sum;
+      l[h] = l[h] * alpha[h] + sum;
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
       for (int i = 0; i < ND; ++i) {
-        acc[i][2 * h] *= alpha;
-        acc[i][2 * h + 1] *= alpha;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][e] *= alpha[e >> 1];
       }
     }
   }

@@ -45,25 +45,21 @@ struct PagedTileLoader {
   static constexpr int kTileBytes = BN * D * static_cast<int>(sizeof(KV));
   static_assert(kThreads % kRawChunks == 0 && BN % kRowsPerPass == 0, "tile split");
 
+  const AttentionArgs& args;  // strides read from the kernel parameters: no registers held
   const char* k;
   const char* v;
-  int64_t k_page_stride, k_token_stride, v_page_stride, v_token_stride;  // bytes
   const int32_t* pages;
-  int lo, hi, page_size;
+  int lo, hi;
   int chunk, row0;
   int page[kRows], tok[kRows];
 
   __device__ PagedTileLoader(const AttentionArgs& a, int kv_head, const int32_t* page_row, int key_lo, int key_hi)
-      : pages(page_row), lo(key_lo), hi(key_hi), page_size(a.page_size) {
+      : args(a), pages(page_row), lo(key_lo), hi(key_hi) {
     constexpr int64_t es = sizeof(KV);
     chunk = threadIdx.x % kRawChunks;
     row0 = threadIdx.x / kRawChunks;
     k = static_cast<const char*>(a.k) + kv_head * a.k_head_stride * es + chunk * 16;
     v = static_cast<const char*>(a.v) + kv_head * a.v_head_stride * es + chunk * 16;
-    k_page_stride = a.k_page_stride * es;
-    k_token_stride = a.k_token_stride * es;
-    v_page_stride = a.v_page_stride * es;
-    v_token_stride = a.v_token_stride * es;
   }
 
   __device__ __forceinline__ bool in_range(int pos) const { return pos >= lo && pos < hi; }
@@ -72,6 +68,7 @@ struct PagedTileLoader {
   /// One division per tile: the thread's rows step by kRowsPerPass, so (col, tok) advance
   /// by subtraction (one step when page_size >= kRowsPerPass).
   __device__ __forceinline__ void fetch_pages(int tile) {
+    const int page_size = args.page_size;
     int pos = tile * BN + row0;
     int col = pos / page_size;
     int tk = pos - col * page_size;
@@ -94,6 +91,7 @@ struct PagedTileLoader {
 
   /// Starts the copies of `tile` (after fetch_pages(tile)) into K then V at `dst`.
   __device__ __forceinline__ void issue(int tile, char* dst) const {
+    constexpr int64_t es = sizeof(KV);
     const uint32_t base = smem_addr(dst);
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
@@ -101,8 +99,8 @@ struct PagedTileLoader {
       const bool valid = in_range(tile * BN + r);
       const uint32_t off = swizzle_rows<kRawChunks>(r, chunk);
       const int64_t p = page[i], t = tok[i];
-      cp_async_16(base + off, k + (p * k_page_stride + t * k_token_stride), valid);
-      cp_async_16(base + kTileBytes + off, v + (p * v_page_stride + t * v_token_stride), valid);
+      cp_async_16(base + off, k + (p * args.k_page_stride + t * args.k_token_stride) * es, valid);
+      cp_async_16(base + kTileBytes + off, v + (p * args.v_page_stride + t * args.v_token_stride) * es, valid);
     }
   }
 };

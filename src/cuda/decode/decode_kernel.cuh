@@ -251,7 +251,12 @@ int resident_ctas_per_sm(int device) {
 /// complete except for the tile configuration chosen here.
 template <int D, class T, class KV, int WM>
 void launch_decode_config(AttentionArgs a, int device, int sm_count, cudaStream_t stream) {
-  using Tr = AttentionTraits<D, T, KV, WM>;
+  // Per-tile costs (barrier, Q fragment reloads, softmax and O rescale, page ids) do not
+  // scale with the bytes: with 4 warps splitting the keys, rows of <= 128 bytes (fp8
+  // D <= 128, bf16 / fp16 D = 64) take 32 keys per warp, so a warp still streams 8 KB of
+  // K + V per tile (as bf16 D = 128 does with 16 keys) in the same 32 KB stages.
+  constexpr int kKeysPerWarp = WM == 1 && D * static_cast<int>(sizeof(KV)) <= 128 ? 32 : 0;
+  using Tr = AttentionTraits<D, T, KV, WM, 1, kKeysPerWarp>;
   a.split_tile = Tr::BN;
   a.row_chunks = ceil_div(a.group * a.q_len_per_req, Tr::M);
   constexpr int kPlanThreads = 1024;

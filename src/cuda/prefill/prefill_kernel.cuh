@@ -29,6 +29,18 @@ struct PrefillRows {
   }
 };
 
+// 4 warps x 2 m16 tiles (128 rows) for D <= 128: K / V fragments and tile loads are
+// shared by twice the rows; D = 256 keeps 64 rows (its O accumulator alone is 128 regs).
+// Keys per tile: 64 at D = 64 (halves the per-tile barrier, row-max shuffles and loader
+// work per key; 2 x 32 S registers fit); at D = 128 the traits' 32, since 64 spills
+// (O 128 + S 64 registers). PAGEDMHA_PREFILL_KW_D128=64 selects 64 for comparison.
+#ifndef PAGEDMHA_PREFILL_KW_D128
+#define PAGEDMHA_PREFILL_KW_D128 0
+#endif
+template <int D, class T, class KV>
+using PrefillTraits =
+    AttentionTraits<D, T, KV, 4, D <= 128 ? 2 : 1, D == 64 ? 64 : (D == 128 ? PAGEDMHA_PREFILL_KW_D128 : 0), true>;
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads) prefill_kernel(const AttentionArgs a) {
   extern __shared__ __align__(128) char smem_raw[];
@@ -52,9 +64,7 @@ __global__ void __launch_bounds__(Tr::kThreads) prefill_kernel(const AttentionAr
 
 template <int D, class T, class KV>
 void launch_prefill(const AttentionArgs& a, int max_q_len, cudaStream_t stream) {
-  // 4 warps x 2 m16 tiles (128 rows) for D <= 128: K / V fragments and tile loads are
-  // shared by twice the rows; D = 256 keeps 64 rows (its O accumulator alone is 128 regs).
-  using Tr = AttentionTraits<D, T, KV, 4, D <= 128 ? 2 : 1>;
+  using Tr = PrefillTraits<D, T, KV>;
   const dim3 grid(static_cast<unsigned>(ceil_div(max_q_len, Tr::M)), static_cast<unsigned>(a.num_q_heads),
                   static_cast<unsigned>(a.batch));
   allow_dynamic_smem(prefill_kernel<Tr>, Tr::kSmemBytes);

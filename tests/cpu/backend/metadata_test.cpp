@@ -62,7 +62,7 @@ TEST(BackendMetadata, DecodeGroupWriteSlots) {
   // seq_len 65 writes position 64: page column 1 offset 0 -> 9 * 64; seq 64 -> 3 * 64 + 63.
   EXPECT_EQ(values(md->groups[0].out_cache_loc), (V{9 * 64, 3 * 64 + 63}));
   LayerSpec any;
-  any.group_id = "whatever";  // a single group serves every layer
+  // A lone group serves layers naming no group (another name is an error: regression_test).
   EXPECT_EQ(values(be.select_out_cache_loc(any, ForwardMode::decode, {})), (V{576, 255}));
 }
 

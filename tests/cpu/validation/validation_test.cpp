@@ -477,6 +477,120 @@ TEST(Validation, CumsumNegativeLength) {
 // ---- Hand-computed results -------------------------------------------------------------
 
 // One request, one head, D 64, page size 2, keys at page 1 (page 0 is the dummy).
+// D5: NumPy gives empty arrays strides 0; an empty view addresses nothing, so
+// append_kv with T = 0 and batch_decode with batch 0 are no-ops.
+TEST(Validation, EmptyViewsWithZeroStridesAreNoOps) {
+  Append a;
+  const std::vector<uint16_t> kc0 = a.kc;
+  TensorView k0(a.k.data(), DType::bf16, kCpu, {0, 2, 64}, {0, 0, 0});
+  TensorView loc0(a.loc.data(), DType::int32, kCpu, {0}, {0});
+  append_kv(k0, k0, a.KC(), a.VC(), loc0, 4);
+  EXPECT_EQ(a.kc, kc0);
+
+  Decode d;
+  TensorView q0(d.q.data(), DType::bf16, kCpu, {0, 4, 64}, {0, 0, 0});
+  TensorView o0(d.o.data(), DType::bf16, kCpu, {0, 4, 64}, {0, 0, 0});
+  TensorView t0(d.table.data(), DType::int32, kCpu, {0, 3}, {0, 0});
+  TensorView s0(d.lens.data(), DType::int32, kCpu, {0}, {0});
+  batch_decode(q0, d.K(), d.V(), t0, s0, d.P, 1, o0, d.params);
+  std::vector<int32_t> cu{0};
+  batch_prefill(q0, d.K(), d.V(), t0, s0, view(cu, DType::int32, {1}), d.P, 0, o0, d.params);
+}
+
+// D11: negative sizes are rejected in the op and argument they appear in.
+TEST(Validation, NegativeSizesRejected) {
+  Append a;
+  EXPECT_ERROR(append_kv(view(a.k, DType::bf16, {-3, 2, 64}), a.V(), a.KC(), a.VC(), a.L(), 4),
+               "append_kv: k: expected non-negative sizes", "got shape [-3, 2, 64]");
+  EXPECT_ERROR(append_kv(a.K(), a.V(), view(a.kc, DType::bf16, {-32, 2, 64}), a.VC(), a.L(), 4),
+               "append_kv: k_cache: expected non-negative sizes", "got shape [-32, 2, 64]");
+  Decode d;
+  EXPECT_ERROR(batch_decode(view(d.q, DType::bf16, {-2, 4, 64}), d.K(), d.V(), d.T(), d.S(), d.P, 1, d.O(),
+                            d.params),
+               "batch_decode: q: expected non-negative sizes", "got shape [-2, 4, 64]");
+  EXPECT_ERROR(batch_decode(d.Q(), view(d.kc, DType::bf16, {-32, 2, 64}), d.V(), d.T(), d.S(), d.P, 1, d.O(),
+                            d.params),
+               "batch_decode: k_cache: expected non-negative sizes");
+  std::vector<uint8_t> ws(16);
+  EXPECT_ERROR(batch_decode(d.Q(), d.K(), d.V(), d.T(), d.S(), d.P, 1, d.O(), d.params, {},
+                            view(ws, DType::uint8, {-5})),
+               "batch_decode: workspace: expected non-negative sizes", "got shape [-5]");
+  Gather g;
+  EXPECT_ERROR(gather_page_table_with_padding(view(g.r2p, DType::int32, {4, 8}), view(g.idx, DType::int32, {3}),
+                                              view(g.lens, DType::int32, {3}), view(g.out, DType::int32, {-3, 8}),
+                                              0, 0, 4),
+               "gather_page_table_with_padding: out: expected non-negative sizes");
+}
+
+// D11: sizes that do not fit the int32 problem fields are rejected, not truncated.
+TEST(Validation, SizesAboveInt32Rejected) {
+  Decode d;
+  const int64_t big = (int64_t{1} << 32) + 2;
+  EXPECT_ERROR(batch_decode(d.Q(), d.K(), d.V(), d.T(), view(d.lens, DType::int32, {big}), d.P, 1, d.O(), d.params),
+               "batch_decode: seq_lens: expected size(0) at most 2^31 - 1", "got shape [4294967298]");
+  EXPECT_ERROR(batch_decode(view(d.q, DType::bf16, {2, big + 2, 64}), d.K(), d.V(), d.T(), d.S(), d.P, 1, d.O(),
+                            d.params),
+               "batch_decode: q: expected size(1) at most 2^31 - 1", "got shape [2, 4294967300, 64]");
+}
+
+// D12: outputs and written caches whose elements alias each other are rejected.
+TEST(Validation, OverlappingOutputsAndCachesRejected) {
+  Decode d;
+  TensorView o_rows0(d.o.data(), DType::bf16, kCpu, {2, 4, 64}, {0, 64, 1});
+  EXPECT_ERROR(batch_decode(d.Q(), d.K(), d.V(), d.T(), d.S(), d.P, 1, o_rows0, d.params),
+               "batch_decode: out: expected a view whose elements do not overlap", "strides [0, 64, 1]");
+  TensorView o_heads(d.o.data(), DType::bf16, kCpu, {2, 4, 64}, {256, 32, 1});
+  EXPECT_ERROR(batch_decode(d.Q(), d.K(), d.V(), d.T(), d.S(), d.P, 1, o_heads, d.params),
+               "out: expected a view whose elements do not overlap", "strides [256, 32, 1]");
+  TensorView lse0(d.lse.data(), DType::fp32, kCpu, {2, 4}, {1, 1});
+  EXPECT_ERROR(batch_decode(d.Q(), d.K(), d.V(), d.T(), d.S(), d.P, 1, d.O(), d.params, lse0),
+               "lse: expected a view whose elements do not overlap");
+
+  Append a;
+  TensorView kc_tok0(a.kc.data(), DType::bf16, kCpu, {32, 2, 64}, {0, 64, 1});
+  EXPECT_ERROR(append_kv(a.K(), a.V(), kc_tok0, a.VC(), a.L(), 4),
+               "append_kv: k_cache: expected a view whose elements do not overlap", "strides [0, 64, 1]");
+  TensorView vc_heads(a.vc.data(), DType::bf16, kCpu, {32, 2, 64}, {128, 32, 1});
+  EXPECT_ERROR(append_kv(a.K(), a.V(), a.KC(), vc_heads, a.L(), 4),
+               "append_kv: v_cache: expected a view whose elements do not overlap", "strides [128, 32, 1]");
+  EXPECT_ERROR(append_kv(a.K(), a.V(), a.KC(), a.KC(), a.L(), 4),
+               "append_kv: v_cache: expected memory distinct from k_cache");
+  // K and V interleaved in one buffer [slots, 2, Hkv, D] do not alias: accepted.
+  std::vector<uint16_t> kv(32 * 2 * 2 * 64, 0);
+  TensorView k_il(kv.data(), DType::bf16, kCpu, {32, 2, 64}, {256, 64, 1});
+  TensorView v_il(kv.data() + 128, DType::bf16, kCpu, {32, 2, 64}, {256, 64, 1});
+  append_kv(a.K(), a.V(), k_il, v_il, a.L(), 4);
+  EXPECT_EQ(bf16_to_float(kv[4 * 256]), 1.0f);
+  EXPECT_EQ(bf16_to_float(kv[4 * 256 + 128]), 2.0f);
+
+  Gather g;
+  TensorView out_rows0(g.out.data(), DType::int32, kCpu, {3, 8}, {0, 1});
+  EXPECT_ERROR(gather_page_table_with_padding(view(g.r2p, DType::int32, {4, 8}), view(g.idx, DType::int32, {3}),
+                                              view(g.lens, DType::int32, {3}), out_rows0, 3, 4, 4),
+               "gather_page_table_with_padding: out: expected a view whose elements do not overlap");
+}
+
+// D13: a strides list of the wrong length is rejected before it is read (ASan).
+TEST(Validation, TensorViewStridesCountMismatch) {
+  std::vector<uint16_t> x(64);
+  EXPECT_ERROR(TensorView(x.data(), DType::bf16, kCpu, {2, 4, 8, 1, 1, 1}, {8}),
+               "TensorView: strides: expected 6 strides", "got 1");
+}
+
+// cols == 0 still validates seq_lens and req_pool_indices.
+TEST(Validation, GatherZeroColsStillValidates) {
+  Gather g;
+  EXPECT_ERROR(g.run(3, 0), "seq_lens: expected ceil(seq_lens[r] / page_size) <= cols 0", "got 9 at index 0");
+  g.lens = {0, -1, 0};
+  EXPECT_ERROR(g.run(3, 0), "seq_lens: expected non-negative lengths", "got -1 at index 1");
+  g.lens = {0, 0, 0};
+  g.idx = {2, 4, 0};
+  EXPECT_ERROR(g.run(3, 0), "req_pool_indices: expected rows of req_to_page in [0, 4)", "got 4 at index 1");
+  g.idx = {2, 1, 0};
+  g.run(3, 0);
+  EXPECT_EQ(g.out, std::vector<int32_t>(3 * 8, -7));
+}
+
 // q = e0; k0 = e0, k1 = 0; v0 = 1, v1 = 5. With bmm1_scale = ln 3 the logits are
 // ln 3 and 0, so the weights are 3/4 and 1/4: o = 2, lse = ln 4.
 struct TwoKeys {

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <memory>
 #include <random>
@@ -139,6 +140,53 @@ inline void check_case(AttnCase c, int num_splits = 0, const Tolerance* tol = nu
     return;
   }
   EXPECT_TRUE(tol ? check_attention(p, p.reference(), *tol) : check_attention(p, p.reference()));
+}
+
+/// Logits that overflow fp32 (SEMANTICS: overflowing logits): q = 1, keys of slot s are
+/// 1 (logit 64 * 1e37 -> +inf), -1 (-inf) or 0 by s % 3, V = s % 7. The GPU must give no
+/// NaN and match the CPU path, which tests/cpu/ops/overflow_logits_test.cpp pins by hand.
+inline void check_overflowing_logits(AttnCase c, int num_splits = 0) {
+  c.Hq = 2, c.Hkv = 1, c.D = 64;
+  c.sm_scale = 1e37;
+  c.q_dtype = c.kv_dtype = DType::bf16;
+  c.name = "overflowing logits " + describe(c) + " splits=" + std::to_string(num_splits);
+  const AttnProblem p = build(c);
+  for (int64_t r = 0; r < p.q.shape[0]; ++r)
+    for (int64_t h = 0; h < c.Hq; ++h)
+      for (int64_t d = 0; d < c.D; ++d) p.q.set({r, h, d}, 1.0);
+  const oracle::Format f = format_of(p.kv.dtype);
+  for (int64_t s = 0; s < p.kv.num_pages * p.kv.page_size; ++s)
+    for (int d = 0; d < c.D; ++d) {
+      oracle::store(f, s % 3 == 0 ? 1.0 : s % 3 == 1 ? -1.0 : 0.0, p.kv.kp(s, 0, d));
+      oracle::store(f, static_cast<double>(s % 7), p.kv.vp(s, 0, d));
+    }
+  run_cpu(p);
+  std::vector<double> want_o, want_lse;
+  for (int64_t r = 0; r < p.out.shape[0]; ++r)
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      want_lse.push_back(p.lse.get({r, h}));
+      for (int64_t d = 0; d < c.D; ++d) want_o.push_back(p.out.get({r, h, d}));
+    }
+  try {
+    run_gpu(p, num_splits);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << c.name << ": " << e.what();
+    return;
+  }
+  size_t i = 0, j = 0;
+  for (int64_t r = 0; r < p.out.shape[0]; ++r)
+    for (int64_t h = 0; h < c.Hq; ++h, ++j) {
+      const double lse = p.lse.get({r, h}), wl = want_lse[j];
+      ASSERT_FALSE(std::isnan(wl)) << c.name << " CPU lse row " << r;
+      ASSERT_TRUE(lse == wl || std::fabs(lse - wl) <= 1e-5 * std::fabs(wl))
+          << c.name << " lse row " << r << " head " << h << ": " << lse << " vs CPU " << wl;
+      for (int64_t d = 0; d < c.D; ++d, ++i) {
+        const double x = p.out.get({r, h, d}), y = want_o[i];
+        ASSERT_FALSE(std::isnan(y)) << c.name << " CPU out row " << r;
+        ASSERT_TRUE(std::fabs(x - y) <= 1e-2 * std::fabs(y) + 2e-3)
+            << c.name << " out row " << r << " head " << h << " dim " << d << ": " << x << " vs CPU " << y;
+      }
+    }
 }
 
 /// Rows of two outputs of the same math computed along different paths (a verify step

@@ -153,6 +153,18 @@ TEST(GpuDecode, ExtremeSinksAndLogits) {
   check_case(c, 0, &tol);
 }
 
+TEST(GpuDecode, OverflowingLogitsNeverNaN) {
+  REQUIRE_GPU();
+  for (int splits : {0, 1, 4}) {
+    AttnCase c = gpu_case();
+    c.kv_lens = {0, 1, 50, 600};
+    c.seed = 520 + splits;
+    check_overflowing_logits(c, splits);
+    c.soft_cap = 30.0;
+    check_overflowing_logits(c, splits);
+  }
+}
+
 TEST(GpuDecode, StridedViewsAndHndCache) {
   REQUIRE_GPU();
   int i = 0;

@@ -91,6 +91,19 @@ TEST(GpuPrefill, Fp8CacheAndHnd) {
 }
 
 // Longer requests: a 2k prompt, and a 512-token chunk after a 3k prefix with a window.
+TEST(GpuPrefill, OverflowingLogitsNeverNaN) {
+  REQUIRE_GPU();
+  AttnCase c = gpu_case(false);
+  c.kv_lens = {1, 70, 300};
+  c.q_lens = {1, 70, 200};
+  c.seed = 530;
+  check_overflowing_logits(c);
+  c.causal = false;
+  check_overflowing_logits(c);
+  c.soft_cap = 30.0;
+  check_overflowing_logits(c);
+}
+
 TEST(GpuPrefill, LongerPromptsAndChunks) {
   REQUIRE_GPU();
   AttnCase c = gpu_case(/*decode=*/false);
