@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -36,6 +37,22 @@ double median_us(int iters, F&& f) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// A JSON string literal (the command line may hold quotes or backslashes).
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      out += b;
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
 }
 
 }  // namespace
@@ -100,9 +117,13 @@ int main(int argc, char** argv) {
   const std::string gpu = dev.is_cuda() ? "h200" : "cpu";
   const std::string path = out_dir + "/" + gpu + "-backend_overhead-" + date + ".json";
   std::ofstream f(path);
-  f << "{\"gpu\": \"" << (dev.is_cuda() ? "NVIDIA H200" : "cpu") << "\", \"commit\": \"\", \"command\": \"";
-  for (int i = 0; i < argc; ++i) f << (i ? " " : "") << argv[i];
-  f << "\", \"date\": \"" << date << "\", \"ceilings\": {},\n \"records\": [\n";
+  // The commit comes from the environment (PAGEDMHA_COMMIT=$(git rev-parse --short HEAD)).
+  const char* commit = std::getenv("PAGEDMHA_COMMIT");
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  f << "{\"gpu\": \"" << (dev.is_cuda() ? "NVIDIA H200" : "cpu") << "\", \"commit\": "
+    << json_string(commit && *commit ? commit : "unknown") << ", \"command\": " << json_string(command);
+  f << ", \"date\": \"" << date << "\", \"ceilings\": {},\n \"records\": [\n";
   for (size_t i = 0; i < records.size(); ++i) {
     const Record& r = records[i];
     f << "   {\"op\": \"" << r.op << "\", \"impl\": \"pagedmha\", \"mode\": \"" << r.mode << "\", \"batch\": " << r.batch

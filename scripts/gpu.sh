@@ -34,6 +34,8 @@ ctest_jobs=${CTEST_JOBS:-4}
 # Each test program's CPU reference is OpenMP: share the cores among parallel programs.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ctest_jobs > 0 ? $(nproc) / ctest_jobs : 1 ))}
 export PATH=$PATH:/usr/local/cuda/bin
+# Results files record the commit; .git may not travel to the GPU machine, so callers can set it.
+export PAGEDMHA_COMMIT=${PAGEDMHA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 failed=0
 summary=()  # "stage|result|detail"
 

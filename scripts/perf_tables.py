@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
 """Writes docs/performance.md from every bench/results/*.json (standard library only).
 
-Each results file becomes one section: its GPU, date, command and commit, the ceilings
-measured in the same run, the issue's targets, and one table per (op, model) with our
-figures next to the peers' and the ratios taken record by record. Numbers come only from
-the files; with no files the page says so.
+Three kinds of results file, in this order on the page:
+- attention benchmarks (bench/bench_attention.py): one section per file with its GPU, date,
+  command and commit, the ceilings measured in the same run, the issue's targets, and one
+  table per (op, model) with our figures next to the peers' and the ratios record by record;
+- trace replays (`pagedmha replay --json`, recognised by "tool"): one summary table, a
+  column per file, and a link to docs/replay-<name>.png where that plot exists;
+- backend host overhead (bench/backend_overhead.cpp, recognised by its ops): mode x batch
+  host time, with the <= 20 us target at batch 256.
+Numbers come only from the files; with no files the page says so.
 
   python3 scripts/perf_tables.py [--results-dir bench/results] [--out docs/performance.md]
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -34,9 +40,43 @@ NO_RESULTS = ("No benchmark results yet: `bench/results/` holds no `*.json` file
               "`bench/bench_attention.py` on the GPU machine, commit its JSON under "
               "`bench/results/`, then re-run `scripts/perf_tables.py`.\n")
 
+ATTENTION, REPLAY, OVERHEAD = "attention", "replay", "backend_overhead"
+OVERHEAD_OPS = ("init_forward_metadata", "replay_prepare")
+OVERHEAD_TARGET_US, OVERHEAD_TARGET_BATCH = 20.0, 256  # host time per step at bs 256
+REPLAY_TOOL = "pagedmha replay"
+# <gpu>-replay-<name>-<yyyymmdd>.json; the plot of <name> is docs/replay-<name>.png.
+REPLAY_NAME = re.compile(r"^[^-]+-replay-(?P<name>.+?)(?:-(?P<date>\d{8}))?\.json$")
+
+
+def kind_of(doc) -> Optional[str]:
+    """ATTENTION, REPLAY or OVERHEAD; None for a file of none of these shapes."""
+    if not isinstance(doc, dict):
+        return None
+    if doc.get("tool") == REPLAY_TOOL and isinstance(doc.get("summary"), dict):
+        return REPLAY
+    recs = doc.get("records")
+    if not isinstance(recs, list):
+        return None
+    ops = {r.get("op") for r in recs if isinstance(r, dict)}
+    return OVERHEAD if ops and ops <= set(OVERHEAD_OPS) else ATTENTION
+
+
+def _date_of(name: str, doc: dict) -> str:
+    """The file's date for ordering: its "date", else the yyyymmdd in its name."""
+    if doc.get("date"):
+        return str(doc["date"])
+    m = re.search(r"(\d{8})", name)
+    return m.group(1) if m else ""
+
+
+def replay_name(file_name: str) -> str:
+    m = REPLAY_NAME.match(file_name)
+    return m.group("name") if m else Path(file_name).stem
+
 
 def load(results_dir: Path) -> Tuple[List[Tuple[str, dict]], List[str]]:
-    """(name, document) of every readable results file, newest date first; and problems."""
+    """(name, document) of every readable results file, newest date first; and problems.
+    Each document gets its kind under the key "_kind"."""
     docs, problems = [], []
     for path in sorted(results_dir.glob("*.json")):
         try:
@@ -44,11 +84,15 @@ def load(results_dir: Path) -> Tuple[List[Tuple[str, dict]], List[str]]:
         except (OSError, ValueError) as e:
             problems.append(f"`{path.name}`: unreadable ({e})")
             continue
-        if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
-            problems.append(f"`{path.name}`: no \"records\" list")
+        kind = kind_of(doc)
+        if kind is None:
+            problems.append(f"`{path.name}`: neither a \"records\" list nor a replay report")
             continue
+        doc["_kind"] = kind
         docs.append((path.name, doc))
-    docs.sort(key=lambda nd: (str(nd[1].get("date", "")), nd[0]), reverse=True)
+    # Dates compare as text: ISO times and yyyymmdd both sort by their first 8 digits.
+    docs.sort(key=lambda nd: (re.sub(r"\D", "", _date_of(*nd))[:8], _date_of(*nd), nd[0]),
+              reverse=True)
     return docs, problems
 
 
@@ -180,29 +224,159 @@ def problems_section(records: List[dict]) -> str:
     return text
 
 
-def render(docs: List[Tuple[str, dict]], problems: List[str]) -> str:
+def attention_section(name: str, doc: dict) -> List[str]:
+    recs = [r for r in doc["records"] if isinstance(r, dict)]
+    parts = [f"## {doc.get('gpu', 'unknown GPU')}, {doc.get('date', 'undated')} "
+             f"(`bench/results/{name}`)\n"]
+    meta = _meta(doc)
+    for key in ("torch", "cudnn", "method"):
+        if key in doc:
+            meta.append(f"- {key}: {doc[key]}")
+    parts.append("\n".join(meta) + "\n")
+    parts.append(ceilings_section(doc.get("ceilings") or {}))
+    parts.append("Targets:\n\n" + targets_section(recs))
+    if recs:
+        parts.append(op_tables(recs, doc.get("ceilings") or {}))
+    else:
+        parts.append("No records in this file.\n")
+    extra = problems_section(recs)
+    if extra:
+        parts.append(extra)
+    return parts
+
+
+def _meta(doc: dict) -> List[str]:
+    meta = [f"- command: `{doc.get('command', 'not recorded')}`",
+            f"- commit: `{doc.get('commit', 'not recorded')}`"]
+    if doc.get("annotation"):
+        meta.append(f"- note: {doc['annotation']}")
+    return meta
+
+
+def _pct(v) -> str:
+    return f"{100 * v:.1f}%" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+def _replay_column(doc: dict) -> List[str]:
+    """The cells of one replay report, in the order of REPLAY_ROWS."""
+    s, o, m, c = doc["summary"], doc.get("options") or {}, doc.get("model") or {}, doc.get("check") or {}
+    steps, dec = s.get("steps"), s.get("decode_steps")
+    has_dec = isinstance(dec, int) and dec > 0
+    has_ext = isinstance(steps, int) and isinstance(dec, int) and steps > dec
+    truncated = doc.get("truncated") or s.get("truncated")
+    model = str(m.get("name", o.get("model", "-")))
+    if m:
+        model += (f" ({m.get('layers')} layers, Hq {m.get('q_heads')}, Hkv {m.get('kv_heads')}, "
+                  f"D {m.get('head_dim')})")
+    ceil = s.get("ceilings") or {}
+    if not c:
+        check = "not recorded"
+    elif c.get("ok"):
+        check = (f"ok: {c.get('steps_checked')} steps / {c.get('rows_checked')} rows, "
+                 f"max rel err {_sci(c.get('max_rel_err'))}")
+    else:
+        check = f"**MISMATCH**: {c.get('failure', '')}"
+    meta_us = _num(s.get("backend_metadata_host_time_per_step_us"), 1)
+    if has_dec:
+        meta_us += f" (decode steps {_num(s.get('backend_metadata_host_time_per_decode_step_us'), 1)})"
+    limit = o.get("time_limit_s")
+    return [
+        Path(str(o.get("trace", "-"))).name,
+        model,
+        str(o.get("kv_dtype", "-")),
+        f"{s.get('finished', '-')} / {s.get('requests', '-')}" + (" **TRUNCATED**" if truncated else ""),
+        f"{steps} ({dec} decode-only)" if isinstance(dec, int) else str(steps),
+        _num(s.get("attention_time_per_step_us"), 1),
+        _num(s.get("attention_time_per_generated_token_us"), 1),
+        _num(s.get("decode_steps_tbps"), 2) if has_dec else "- (no decode-only steps)",
+        (f"{_num(s.get('ratio_decode_read_ceiling'), 2)} of {_num(ceil.get('read_tbps'), 1)} TB/s"
+         if has_dec and s.get("ratio_decode_read_ceiling") is not None else "-"),
+        _num(s.get("extend_steps_tflops"), 1) if has_ext else "- (no extend steps)",
+        _num(s.get("ratio_roofline"), 3) if s.get("ratio_roofline") is not None else "-",
+        meta_us,
+        _pct(s.get("prefix_hit_rate")) + (f" ({s['prefix_hit_tokens']} tokens)"
+                                          if isinstance(s.get("prefix_hit_tokens"), int) else ""),
+        str(s.get("preemptions", "-")),
+        check,
+        _num(s.get("wall_time_s"), 1) + (f" (limit {limit:g})" if isinstance(limit, (int, float)) else ""),
+    ]
+
+
+REPLAY_ROWS = ["trace", "model", "KV dtype", "requests finished / total", "steps",
+               "attention us / step", "attention us / output token", "decode-only steps TB/s",
+               "decode-only steps / read ceiling", "extend steps TFLOP/s",
+               "whole-trace roofline ratio", "backend metadata host us / step",
+               "prefix-cache hit rate", "preemptions", "checks", "wall time s"]
+
+
+def _sci(v) -> str:
+    return f"{v:.1e}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+def replay_section(reps: List[Tuple[str, dict]], plots_dir: Optional[Path]) -> List[str]:
+    parts = ["## Trace replay\n",
+             "`pagedmha replay --json` reports, one column each: a request trace served through "
+             "MhaBackend with continuous batching, chunked prefill and the prefix cache. Attention "
+             "times are device times summed over all layers; \"decode-only steps\" are steps "
+             "without an extend row; the roofline ratio is the sum of per-step floors "
+             "max(bytes / read ceiling, flops / TFLOP/s ceiling) over the attention time. A "
+             "TRUNCATED run stopped at its time limit: its figures cover the steps it ran.\n"]
+    head = ["", *[f"{replay_name(n)}" for n, _ in reps]]
+    cols = [_replay_column(d) for _, d in reps]
+    rows = [[label, *[col[i] for col in cols]] for i, label in enumerate(REPLAY_ROWS)]
+    parts.append(table(head, rows))
+    for name, doc in reps:
+        short = replay_name(name)
+        lines = [f"`{short}` (`bench/results/{name}`), {doc.get('gpu') or 'no GPU'}, "
+                 f"{doc.get('executor', '')}:", *_meta(doc)]
+        plot = f"replay-{short}.png"
+        if plots_dir is not None and (plots_dir / plot).is_file():
+            lines.append(f"- plot: [docs/{plot}]({plot})")
+        parts.append("\n".join(lines) + "\n")
+    return parts
+
+
+def overhead_section(name: str, doc: dict) -> List[str]:
+    recs = [r for r in doc["records"] if isinstance(r, dict)]
+    parts = [f"## Backend host overhead, {doc.get('gpu', 'unknown GPU')}, "
+             f"{doc.get('date', 'undated')} (`bench/results/{name}`)\n", "\n".join(_meta(doc)) + "\n"]
+    shapes = sorted({f"ctx {r.get('ctx')}, page_size {r.get('page_size')}" for r in recs})
+    parts.append("Host microseconds per step (median), MhaBackend `init_forward_metadata` and "
+                 "the preparation of a captured graph's replay" +
+                 (f" ({'; '.join(shapes)})" if shapes else "") +
+                 f". Target: <= {OVERHEAD_TARGET_US:g} us at batch {OVERHEAD_TARGET_BATCH}.\n")
+    batches = sorted({r.get("batch") for r in recs if isinstance(r.get("batch"), int)})
+    by = {(r.get("op"), r.get("mode"), r.get("batch")): r for r in recs}
+    keys = sorted({(r.get("op"), r.get("mode"), r.get("q_len")) for r in recs},
+                  key=lambda k: (OVERHEAD_OPS.index(k[0]) if k[0] in OVERHEAD_OPS else 9,
+                                 str(k[1]), k[2] or 0))
+    head = ["op", "mode", "q_len", *[f"bs {b} us" for b in batches],
+            f"<= {OVERHEAD_TARGET_US:g} us at bs {OVERHEAD_TARGET_BATCH}"]
+    rows = []
+    for op, mode, q_len in keys:
+        cells = [_num(by[(op, mode, b)].get("time_us"), 1) if (op, mode, b) in by else "-"
+                 for b in batches]
+        t = (by.get((op, mode, OVERHEAD_TARGET_BATCH)) or {}).get("time_us")
+        mark = ("no data" if not isinstance(t, (int, float))
+                else "met" if t <= OVERHEAD_TARGET_US else "**not met**")
+        rows.append([str(op), str(mode), str(q_len), *cells, mark])
+    parts.append(table(head, rows) if rows else "No records in this file.\n")
+    return parts
+
+
+def render(docs: List[Tuple[str, dict]], problems: List[str],
+           plots_dir: Optional[Path] = None) -> str:
     parts = [HEADER]
     if not docs:
         parts.append(NO_RESULTS)
-    for name, doc in docs:
-        recs = [r for r in doc["records"] if isinstance(r, dict)]
-        parts.append(f"## {doc.get('gpu', 'unknown GPU')}, {doc.get('date', 'undated')} "
-                     f"(`bench/results/{name}`)\n")
-        meta = [f"- command: `{doc.get('command', 'not recorded')}`",
-                f"- commit: `{doc.get('commit', 'not recorded')}`"]
-        for key in ("torch", "cudnn", "method"):
-            if key in doc:
-                meta.append(f"- {key}: {doc[key]}")
-        parts.append("\n".join(meta) + "\n")
-        parts.append(ceilings_section(doc.get("ceilings") or {}))
-        parts.append("Targets:\n\n" + targets_section(recs))
-        if recs:
-            parts.append(op_tables(recs, doc.get("ceilings") or {}))
-        else:
-            parts.append("No records in this file.\n")
-        extra = problems_section(recs)
-        if extra:
-            parts.append(extra)
+    of = lambda kind: [(n, d) for n, d in docs if d.get("_kind", ATTENTION) == kind]  # noqa: E731
+    for name, doc in of(ATTENTION):
+        parts += attention_section(name, doc)
+    reps = of(REPLAY)
+    if reps:
+        parts += replay_section(reps, plots_dir)
+    for name, doc in of(OVERHEAD):
+        parts += overhead_section(name, doc)
     if problems:
         parts.append("## Files skipped\n\n" + "\n".join(f"- {p}" for p in problems) + "\n")
     return "\n".join(parts)
@@ -214,8 +388,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "docs" / "performance.md"))
     args = ap.parse_args(argv)
     docs, problems = load(Path(args.results_dir))
-    text = render(docs, problems)
     out = Path(args.out)
+    text = render(docs, problems, plots_dir=out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(f"wrote {out} from {len(docs)} results file(s)"

@@ -122,12 +122,33 @@ int plot_main(const std::string& report, const std::string& image, const std::st
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
+// argv joined with spaces; an argument a shell would split or expand is single-quoted,
+// so the recorded command can be pasted back.
+std::string joined_command(int argc, char** argv) {
+  std::string out;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                         "0123456789-_./=:,+@%") == std::string::npos;
+    if (i) out += ' ';
+    if (plain) {
+      out += a;
+      continue;
+    }
+    out += '\'';
+    for (char ch : a) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    out += '\'';
+  }
+  return out;
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
   CLI::App app{"pagedmha: paged-KV multi-head attention - trace replay, benchmarks and self-test"};
   app.require_subcommand(1);
   ReplayOptions replay;
+  replay.command = joined_command(argc, argv);
   add_replay(app, replay);
 
   std::string plot_in, plot_out = "replay.png", plot_script;
@@ -149,6 +170,15 @@ int run_cli(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // CLI11 reports "A subcommand is required" for a misspelt one: name it instead.
+    const std::vector<std::string> rest = app.remaining();
+    if (app.get_subcommands().empty() && !rest.empty() && !rest.front().empty() && rest.front()[0] != '-') {
+      std::string names;
+      for (const CLI::App* sub : app.get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
+      std::fprintf(stderr, "pagedmha: error: unknown subcommand '%s' (expected %s)\nRun with --help for more information.\n",
+                   rest.front().c_str(), names.c_str());
+      return 2;
+    }
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {

@@ -100,11 +100,13 @@ class PyBackend {
     step_batch_ = batch;  // the decode slot may alias batch.seq_lens until the next step
   }
 
-  void forward(bool extend, const ArrayArg& q, const ArrayArg& k, const ArrayArg& v,
-               const PyLayerSpec& layer, const ArrayArg& k_cache, const ArrayArg& v_cache,
-               const ArrayArg& out_cache_loc, int bs, const ArrayArg& out_arg, bool save_kv_cache,
+  // forward_extend (Extend) and forward_decode share one signature and conversion.
+  template <bool Extend>
+  void forward(const ArrayArg& q, const ArrayArg& k, const ArrayArg& v, const PyLayerSpec& layer,
+               const ArrayArg& k_cache, const ArrayArg& v_cache, const ArrayArg& out_cache_loc,
+               int bs, const ArrayArg& out_arg, bool save_kv_cache,
                std::optional<std::uintptr_t> stream) {
-    const char* op = extend ? "forward_extend" : "forward_decode";
+    const char* op = Extend ? "forward_extend" : "forward_decode";
     set_stream(stream);
     const TensorView q_ = to_view(q, op, "q"), k_ = to_view(k, op, "k"), v_ = to_view(v, op, "v"),
                      loc = to_view(out_cache_loc, op, "out_cache_loc"),
@@ -113,7 +115,7 @@ class PyBackend {
     const LayerSpec spec = layer.view(op);
     // The result is `out` viewed as [T, Hq * D]; the Python layer returns that view.
     nb::gil_scoped_release release;
-    if (extend) {
+    if constexpr (Extend) {
       impl_->forward_extend(q_, k_, v_, spec, kv, loc, bs, o, save_kv_cache);
     } else {
       impl_->forward_decode(q_, k_, v_, spec, kv, loc, bs, o, save_kv_cache);
@@ -194,6 +196,22 @@ BackendConfig make_config(int page_size, int context_len, DType kv_cache_dtype, 
   return c;
 }
 
+// The binding signature of every config-taking entry point: leading arguments, then the
+// config fields of PAGEDMHA_CONFIG_ARGS; f(lead..., config) does the rest.
+template <class... Lead, class F>
+auto with_config(F f) {
+  return [f](Lead... lead, int page_size, int context_len, DType kv_cache_dtype, DType out_dtype,
+             int max_bs, nb::handle device, int spec_num_tokens, bool is_draft,
+             bool draft_block_decode, std::size_t workspace_bytes, int num_q_heads,
+             int num_kv_heads, int head_dim, std::vector<std::string> state_cache_groups,
+             std::optional<std::uintptr_t> stream) {
+    return f(lead..., make_config(page_size, context_len, kv_cache_dtype, out_dtype, max_bs,
+                                  device, spec_num_tokens, is_draft, draft_block_decode,
+                                  workspace_bytes, num_q_heads, num_kv_heads, head_dim,
+                                  std::move(state_cache_groups), stream));
+  };
+}
+
 #define PAGEDMHA_CONFIG_ARGS                                                                    \
   nb::arg("page_size"), nb::arg("context_len"), nb::arg("kv_cache_dtype") = DType::bf16,        \
       nb::arg("out_dtype") = DType::bf16, nb::arg("max_bs") = 1, nb::arg("device") = "cpu",     \
@@ -202,6 +220,11 @@ BackendConfig make_config(int page_size, int context_len, DType kv_cache_dtype, 
       nb::arg("num_q_heads") = 0, nb::arg("num_kv_heads") = 0, nb::arg("head_dim") = 0,         \
       nb::arg("state_cache_groups") = std::vector<std::string>{},                               \
       nb::arg("stream").none() = nb::none()
+
+#define PAGEDMHA_FORWARD_ARGS                                                                  \
+  nb::arg("q"), nb::arg("k").none(), nb::arg("v").none(), nb::arg("layer"), nb::arg("k_cache"), \
+      nb::arg("v_cache"), nb::arg("out_cache_loc").none(), nb::arg("bs"), nb::arg("out"),       \
+      nb::arg("save_kv_cache") = true, nb::kw_only(), nb::arg("stream").none() = nb::none()
 
 constexpr const char* kConfigDoc = R"(
 Config (keyword arguments, fixed for the backend's lifetime):
@@ -302,17 +325,9 @@ void bind_backend(nb::module_& m) {
                         "more per drafter). Not thread-safe. Create it with create_backend.")
       .def(
           "__init__",
-          [](PyBackend* self, int page_size, int context_len, DType kv_cache_dtype,
-             DType out_dtype, int max_bs, nb::handle device, int spec_num_tokens, bool is_draft,
-             bool draft_block_decode, std::size_t workspace_bytes, int num_q_heads,
-             int num_kv_heads, int head_dim, std::vector<std::string> state_cache_groups,
-             std::optional<std::uintptr_t> stream) {
-            const BackendConfig c = make_config(
-                page_size, context_len, kv_cache_dtype, out_dtype, max_bs, device,
-                spec_num_tokens, is_draft, draft_block_decode, workspace_bytes, num_q_heads,
-                num_kv_heads, head_dim, std::move(state_cache_groups), stream);
+          with_config<PyBackend*>([](PyBackend* self, const BackendConfig& c) {
             new (self) PyBackend(std::make_unique<MhaBackend>(c));
-          },
+          }),
           nb::kw_only(), PAGEDMHA_CONFIG_ARGS,
           init_doc.c_str())
       .def_prop_ro("page_size", [](PyBackend& b) { return b.get().config().page_size; })
@@ -334,35 +349,13 @@ void bind_backend(nb::module_& m) {
            "decode slot reads forward_batch.seq_lens in place until the next step.\n\n"
            "Raises:\n    pagedmha.Error: dtypes, devices, bs > max_bs, missing host lengths, "
            "unknown group ids.")
-      .def(
-          "forward_extend",
-          [](PyBackend& b, const ArrayArg& q, const ArrayArg& k, const ArrayArg& v,
-             const PyLayerSpec& layer, const ArrayArg& k_cache, const ArrayArg& v_cache,
-             const ArrayArg& out_cache_loc, int bs, const ArrayArg& out, bool save_kv_cache,
-             std::optional<std::uintptr_t> stream) {
-            b.forward(true, q, k, v, layer, k_cache, v_cache, out_cache_loc, bs, out,
-                      save_kv_cache, stream);
-          },
-          arg("q"), arg("k").none(), arg("v").none(), arg("layer"), arg("k_cache"),
-          arg("v_cache"), arg("out_cache_loc").none(), arg("bs"), arg("out"),
-          arg("save_kv_cache") = true, nb::kw_only(), arg("stream").none() = nb::none(),
+      .def("forward_extend", &PyBackend::forward<true>, PAGEDMHA_FORWARD_ARGS,
           "Extend / mixed attention through the prefill slot.\n\n"
           "q: [T, Hq * D] or [T, Hq, D]; k, v: [T, Hkv * D] or [T, Hkv, D], or None;\n"
           "k_cache, v_cache: this layer's paged cache; out_cache_loc: int32 [T] slots;\n"
           "bs: requests; out: [T, Hq * D] or [T, Hq, D] of the query dtype. Writes K/V first\n"
           "when save_kv_cache and k is given.\n\nReturns:\n    out as [T, Hq * D] (pagedmha.MhaBackend; the raw extension returns None).")
-      .def(
-          "forward_decode",
-          [](PyBackend& b, const ArrayArg& q, const ArrayArg& k, const ArrayArg& v,
-             const PyLayerSpec& layer, const ArrayArg& k_cache, const ArrayArg& v_cache,
-             const ArrayArg& out_cache_loc, int bs, const ArrayArg& out, bool save_kv_cache,
-             std::optional<std::uintptr_t> stream) {
-            b.forward(false, q, k, v, layer, k_cache, v_cache, out_cache_loc, bs, out,
-                      save_kv_cache, stream);
-          },
-          arg("q"), arg("k").none(), arg("v").none(), arg("layer"), arg("k_cache"),
-          arg("v_cache"), arg("out_cache_loc").none(), arg("bs"), arg("out"),
-          arg("save_kv_cache") = true, nb::kw_only(), arg("stream").none() = nb::none(),
+      .def("forward_decode", &PyBackend::forward<false>, PAGEDMHA_FORWARD_ARGS,
           "Decode-mode attention (decode, verify, draft, block draft). Arguments as\n"
           "forward_extend; routing: block draft -> decode slot; q rows / bs > 1 -> prefill\n"
           "slot; else decode slot.\n\nReturns:\n    out as [T, Hq * D] (as forward_extend).")
@@ -400,18 +393,9 @@ void bind_backend(nb::module_& m) {
 
   m.def(
       "create_backend",
-      [](const std::string& name, int page_size, int context_len, DType kv_cache_dtype,
-         DType out_dtype, int max_bs, nb::handle device, int spec_num_tokens, bool is_draft,
-         bool draft_block_decode, std::size_t workspace_bytes, int num_q_heads, int num_kv_heads,
-         int head_dim, std::vector<std::string> state_cache_groups,
-         std::optional<std::uintptr_t> stream) {
-        const BackendConfig c = make_config(page_size, context_len, kv_cache_dtype, out_dtype,
-                                            max_bs, device, spec_num_tokens, is_draft,
-                                            draft_block_decode, workspace_bytes, num_q_heads,
-                                            num_kv_heads, head_dim, std::move(state_cache_groups),
-                                            stream);
+      with_config<const std::string&>([](const std::string& name, const BackendConfig& c) {
         return PyBackend(create_backend(name, c));
-      },
+      }),
       arg("name"), nb::kw_only(), PAGEDMHA_CONFIG_ARGS,
       create_doc.c_str());
   m.def("registered_backends", &registered_backends, "Registered backend names, sorted.");

@@ -4,34 +4,13 @@
 #include <algorithm>
 #include <string>
 
+#include "backend/buffers.h"
 #include "pagedmha/backend.h"
 #include "pagedmha/error.h"
 
 namespace pagedmha {
 
-namespace {
-
-std::string str(int64_t v) { return std::to_string(v); }
-
-[[noreturn]] void fail(const std::string& arg, const std::string& expected, const std::string& given) {
-  throw_invalid_argument("MhaBackend", arg, expected, given);
-}
-
-TensorView vec(const Buffer& b, int64_t offset, int64_t n) {
-  return TensorView(static_cast<int32_t*>(b.data()) + offset, DType::int32, b.device(), {n});
-}
-
-TensorView mat(const Buffer& b, int64_t rows, int64_t cols) {
-  return TensorView(b.data(), DType::int32, b.device(), {rows, cols});
-}
-
-Buffer zeros(int64_t n_int32, Device dev, Stream s) {
-  Buffer b(static_cast<std::size_t>(std::max<int64_t>(n_int32, 1)) * 4, dev);
-  fill_bytes(b.data(), dev, 0, b.bytes(), s);
-  return b;
-}
-
-}  // namespace
+using namespace backend_detail;
 
 void MhaBackend::init_cuda_graph_state(int max_bs, const TensorView& seq_lens_buf,
                                        const std::vector<std::string>& cache_group_ids) {

@@ -8,9 +8,12 @@
 #include <set>
 #include <string>
 
+#include "backend/buffers.h"
 #include "pagedmha/error.h"
 
 namespace pagedmha {
+
+using namespace backend_detail;
 
 const char* forward_mode_name(ForwardMode mode) {
   switch (mode) {
@@ -26,29 +29,7 @@ const char* forward_mode_name(ForwardMode mode) {
 
 namespace {
 
-constexpr const char* kOp = "MhaBackend";
-
-std::string str(int64_t v) { return std::to_string(v); }
-
-[[noreturn]] void fail(const std::string& arg, const std::string& expected, const std::string& given) {
-  throw_invalid_argument(kOp, arg, expected, given);
-}
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-TensorView vec(const Buffer& b, int64_t offset, int64_t n) {
-  return TensorView(static_cast<int32_t*>(b.data()) + offset, DType::int32, b.device(), {n});
-}
-
-TensorView mat(const Buffer& b, int64_t rows, int64_t cols) {
-  return TensorView(b.data(), DType::int32, b.device(), {rows, cols});
-}
-
-Buffer zeros(int64_t n_int32, Device dev, Stream s) {
-  Buffer b(static_cast<std::size_t>(std::max<int64_t>(n_int32, 1)) * 4, dev);
-  fill_bytes(b.data(), dev, 0, b.bytes(), s);
-  return b;
-}
 
 Buffer upload(const std::vector<int32_t>& host, Device dev, Stream s) {
   Buffer b(std::max<std::size_t>(host.size(), 1) * 4, dev);
@@ -331,6 +312,13 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     return table;
   };
   auto group_view = [&](const CacheGroupTable& g) { return g.page_table.slice(0, 0, bs); };
+  // md's tables: the gathered single table, or each cache group's table with the write
+  // slots that write_slots(g) fills.
+  auto set_tables = [&](AttentionMetadata& md, auto&& write_slots) {
+    md.groups.clear();
+    md.page_table = groups.empty() ? single_table() : TensorView{};
+    for (const CacheGroupTable& g : groups) md.groups.push_back({g.group_id, group_view(g), write_slots(g)});
+  };
 
   // One query per row over the caller's seq_lens (aliased, never copied).
   auto build_decode = [&]() {
@@ -342,17 +330,11 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     md.max_seq_len_q = 1;
     md.num_tokens = bs;
     md.ragged = false;
-    md.groups.clear();
-    if (groups.empty()) {
-      md.page_table = single_table();
-    } else {
-      md.page_table = {};
-      for (const CacheGroupTable& g : groups) {
-        const TensorView slots = vec(eager_group(g.group_id).decode_slots, 0, bs);
-        decode_write_slots(group_view(g), seq, P, 1, slots, s);
-        md.groups.push_back({g.group_id, group_view(g), slots});
-      }
-    }
+    set_tables(md, [&](const CacheGroupTable& g) {
+      const TensorView slots = vec(eager_group(g.group_id).decode_slots, 0, bs);
+      decode_write_slots(group_view(g), seq, P, 1, slots, s);
+      return slots;
+    });
     decode_slot_ = &eager_decode_;
   };
 
@@ -408,22 +390,16 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     md.max_seq_len_q = max_q;
     md.num_tokens = tq;
     md.ragged = true;
-    md.groups.clear();
-    if (groups.empty()) {
-      md.page_table = single_table();
-    } else {
-      md.page_table = {};
-      for (const CacheGroupTable& g : groups) {
-        GroupBuffers& gb = eager_group(g.group_id);
-        if (gb.extend_capacity < tq) {  // eager only: extend steps are never captured
-          gb.extend_capacity = std::max<int64_t>(tq, 2 * gb.extend_capacity);
-          gb.extend_slots = Buffer(static_cast<std::size_t>(gb.extend_capacity) * 4, dev);
-        }
-        const TensorView slots = vec(gb.extend_slots, 0, tq);
-        extend_write_slots(group_view(g), prefix_dev, cu_q_dev, P, slots, s);
-        md.groups.push_back({g.group_id, group_view(g), slots});
+    set_tables(md, [&](const CacheGroupTable& g) {
+      GroupBuffers& gb = eager_group(g.group_id);
+      if (gb.extend_capacity < tq) {  // eager only: extend steps are never captured
+        gb.extend_capacity = std::max<int64_t>(tq, 2 * gb.extend_capacity);
+        gb.extend_slots = Buffer(static_cast<std::size_t>(gb.extend_capacity) * 4, dev);
       }
-    }
+      const TensorView slots = vec(gb.extend_slots, 0, tq);
+      extend_write_slots(group_view(g), prefix_dev, cu_q_dev, P, slots, s);
+      return slots;
+    });
     prefill_slot_ = &eager_prefill_;
     if (config_.is_draft) build_decode();  // the drafter's later single-token steps
     return;
@@ -461,18 +437,12 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     md.max_seq_len_q = N;
     md.num_tokens = int64_t{bs} * N;
     md.ragged = false;
-    md.groups.clear();
-    if (groups.empty()) {
-      md.page_table = single_table();
-    } else {
-      md.page_table = {};
-      const int w = verify_writes();
-      for (const CacheGroupTable& g : groups) {
-        const TensorView slots = vec(eager_group(g.group_id).verify_slots, 0, int64_t{bs} * w);
-        decode_write_slots(group_view(g), seq, P, w, slots, s);
-        md.groups.push_back({g.group_id, group_view(g), slots});
-      }
-    }
+    const int w = verify_writes();
+    set_tables(md, [&](const CacheGroupTable& g) {
+      const TensorView slots = vec(eager_group(g.group_id).verify_slots, 0, int64_t{bs} * w);
+      decode_write_slots(group_view(g), seq, P, w, slots, s);
+      return slots;
+    });
     prefill_slot_ = &eager_prefill_;
   }
 }

@@ -27,11 +27,13 @@ bool cuda_available() {
 #endif
 }
 
+#if !PAGEDMHA_WITH_CUDA
 namespace {
 [[noreturn]] void no_cuda(const char* op) {
   throw Error(std::string(op) + ": device: expected cpu (this build has no CUDA support), got cuda");
 }
 }  // namespace
+#endif
 
 Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (bytes == 0) return;

@@ -107,9 +107,11 @@ std::string TensorView::shape_str() const {
 TensorView TensorView::slice(int dim, int64_t start, int64_t length) const {
   if (dim < 0) dim += ndim;
   if (dim < 0 || dim >= ndim || start < 0 || length < 0 || start + length > shape[dim]) {
-    throw_invalid_argument("TensorView::slice", "range",
-                           "within " + shape_str() + " on dim " + std::to_string(dim),
-                           "[" + std::to_string(start) + ", " + std::to_string(start + length) + ")");
+    // Built with a stream: GCC's -Wrestrict misfires on the equivalent string concatenation.
+    std::ostringstream expected, given;
+    expected << "within " << shape_str() << " on dim " << dim;
+    given << '[' << start << ", " << start + length << ')';
+    throw_invalid_argument("TensorView::slice", "range", expected.str(), given.str());
   }
   TensorView t = *this;
   t.data = static_cast<char*>(data) + start * strides[dim] * static_cast<int64_t>(element_size());

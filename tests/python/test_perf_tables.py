@@ -276,3 +276,135 @@ def test_bench_summary_table_from_records():
     row = next(l for l in lines if l.startswith("decode llama3-8b 64x4k q1 p16 bf16 TB/s"))
     assert "0.96" in row and "1.20" in row and "3.0e-03" in row
     assert any("NOT met" in l for l in lines) and any(l.rstrip().endswith(" met") for l in lines)
+
+
+# --- perf_tables: replay reports and backend overhead ------------------------------------
+
+def replay_doc(truncated=True, decode_steps=3, **summary):
+    s = {"requests": 10, "finished": 4, "truncated": truncated, "steps": 5,
+         "decode_steps": decode_steps, "attention_time_per_step_us": 1234.56,
+         "attention_time_per_generated_token_us": 98.765, "decode_steps_tbps": 3.4321,
+         "ratio_decode_read_ceiling": 0.7461, "extend_steps_tflops": 17.09,
+         "ratio_roofline": 0.1804, "backend_metadata_host_time_per_step_us": 18.51,
+         "backend_metadata_host_time_per_decode_step_us": 16.32, "prefix_hit_rate": 0.034,
+         "prefix_hit_tokens": 60416, "preemptions": 2, "wall_time_s": 60.01,
+         "ceilings": {"read_tbps": 4.6, "tflops": 760.0}}
+    s.update(summary)
+    return {"tool": "pagedmha replay", "gpu": "NVIDIA H200", "device": "cuda:0",
+            "executor": "MhaBackend(pagedmha) on cuda:0", "truncated": truncated,
+            "command": "pagedmha replay --trace t.csv", "commit": "c0ffee1",
+            "options": {"trace": ".traces/t.csv", "kv_dtype": "fp8", "model": "llama3-8b",
+                        "time_limit_s": 60.0},
+            "model": {"name": "llama3-8b", "layers": 32, "q_heads": 32, "kv_heads": 8,
+                      "head_dim": 128},
+            "check": {"ok": True, "steps_checked": 3, "rows_checked": 16,
+                      "max_rel_err": 0.0027, "failure": ""},
+            "summary": s, "steps": {"step": [0, 1, 2, 3, 4]}}
+
+
+def overhead_doc(t256=4.2):
+    recs = []
+    for mode, q in (("decode", 1), ("verify", 4)):
+        for b in (1, 8, 64, 256):
+            for op in ("init_forward_metadata", "replay_prepare"):
+                t = t256 if (b == 256 and op == "replay_prepare" and mode == "verify") else 4.0 + q
+                recs.append({"op": op, "impl": "pagedmha", "mode": mode, "batch": b,
+                             "ctx": 8192, "q_len": q, "page_size": 64, "time_us": t})
+    return {"gpu": "NVIDIA H200", "commit": "c0ffee1", "command": "backend_overhead --device cuda",
+            "date": "20261130", "ceilings": {}, "records": recs}
+
+
+def cells_of(text, label):
+    row = next(l for l in text.splitlines() if l.startswith(f"| {label} |"))
+    return [c.strip() for c in row.strip().strip("|").split("|")][1:]
+
+
+def render_dir(tmp_path, files, plots=()):
+    res = tmp_path / "results"
+    res.mkdir()
+    for name, doc in files.items():
+        (res / name).write_text(json.dumps(doc))
+    docs_dir = tmp_path / "docs"
+    docs_dir.mkdir()
+    for p in plots:
+        (docs_dir / p).write_bytes(b"png")
+    out = docs_dir / "performance.md"
+    assert PT.main(["--results-dir", str(res), "--out", str(out)]) == 0
+    return out.read_text()
+
+
+def test_kinds_are_recognised():
+    assert PT.kind_of(replay_doc()) == PT.REPLAY
+    assert PT.kind_of(overhead_doc()) == PT.OVERHEAD
+    assert PT.kind_of({"records": synthetic_records()}) == PT.ATTENTION
+    assert PT.kind_of({"tool": "pagedmha replay"}) is None  # no summary
+    assert PT.kind_of([]) is None
+    assert PT.replay_name("h200-replay-azure-conv-llama3-8b-20261130.json") == \
+        "azure-conv-llama3-8b"
+
+
+def test_replay_table_and_plot_link(tmp_path):
+    done = replay_doc(truncated=False, decode_steps=0, finished=10)
+    done["annotation"] = "added by hand"
+    text = render_dir(tmp_path, {"h200-replay-a-20261130.json": replay_doc(),
+                                 "h200-replay-b-20261130.json": done},
+                      plots=["replay-a.png"])
+    assert "## Trace replay" in text
+    head = next(l for l in text.splitlines() if l.startswith("|  |"))
+    names = [c.strip() for c in head.strip("|").split("|")][1:]
+    a, b = names.index("a"), names.index("b")
+    assert cells_of(text, "requests finished / total")[a] == "4 / 10 **TRUNCATED**"
+    assert cells_of(text, "requests finished / total")[b] == "10 / 10"
+    assert cells_of(text, "KV dtype")[a] == "fp8"
+    assert cells_of(text, "trace")[a] == "t.csv"
+    assert cells_of(text, "attention us / step")[a] == "1234.6"
+    assert cells_of(text, "attention us / output token")[a] == "98.8"
+    assert cells_of(text, "decode-only steps TB/s")[a] == "3.43"
+    assert cells_of(text, "decode-only steps / read ceiling")[a] == "0.75 of 4.6 TB/s"
+    # No decode-only steps: no bandwidth figure is made up from the 0.0 in the file.
+    assert cells_of(text, "decode-only steps TB/s")[b] == "- (no decode-only steps)"
+    assert cells_of(text, "decode-only steps / read ceiling")[b] == "-"
+    assert cells_of(text, "extend steps TFLOP/s")[a] == "17.1"
+    assert cells_of(text, "whole-trace roofline ratio")[a] == "0.180"
+    assert cells_of(text, "backend metadata host us / step")[a] == "18.5 (decode steps 16.3)"
+    assert cells_of(text, "backend metadata host us / step")[b] == "18.5"
+    assert cells_of(text, "prefix-cache hit rate")[a] == "3.4% (60416 tokens)"
+    assert cells_of(text, "preemptions")[a] == "2"
+    assert cells_of(text, "checks")[a] == "ok: 3 steps / 16 rows, max rel err 2.7e-03"
+    assert "- plot: [docs/replay-a.png](replay-a.png)" in text
+    assert "replay-b.png" not in text  # no such plot: no link
+    assert "`c0ffee1`" in text and "- note: added by hand" in text
+    assert "Targets:" not in text  # the attention targets belong to attention files only
+
+
+def test_replay_check_mismatch_and_missing_ceilings(tmp_path):
+    doc = replay_doc(ratio_roofline=None, ratio_decode_read_ceiling=None, ceilings=None)
+    doc["check"] = {"ok": False, "failure": "step 7: relative L2 error 0.5 > 1e-02"}
+    text = render_dir(tmp_path, {"cpu-replay-x.json": doc})
+    assert cells_of(text, "checks")[0] == "**MISMATCH**: step 7: relative L2 error 0.5 > 1e-02"
+    assert cells_of(text, "whole-trace roofline ratio")[0] == "-"
+    assert cells_of(text, "decode-only steps / read ceiling")[0] == "-"
+
+
+def test_backend_overhead_table_marks_the_target(tmp_path):
+    text = render_dir(tmp_path, {"h200-backend_overhead-20261130.json": overhead_doc(t256=25.0)})
+    assert "## Backend host overhead, NVIDIA H200, 20261130" in text
+    assert "| op | mode | q_len | bs 1 us | bs 8 us | bs 64 us | bs 256 us | <= 20 us at bs 256 |" \
+        in text
+    assert "| init_forward_metadata | decode | 1 | 5.0 | 5.0 | 5.0 | 5.0 | met |" in text
+    assert "| replay_prepare | verify | 4 | 8.0 | 8.0 | 8.0 | 25.0 | **not met** |" in text
+    assert "Targets:" not in text and "Files skipped" not in text
+
+
+def test_sections_in_order_attention_replay_overhead(tmp_path):
+    att = json.loads(json.dumps({"gpu": "NVIDIA H200", "commit": "a", "command": "b",
+                                 "date": "2026-11-30T10:00:00+00:00", "ceilings": {},
+                                 "records": synthetic_records()}))
+    text = render_dir(tmp_path, {"h200-replay-a-20261201.json": replay_doc(),
+                                 "h200-backend_overhead-20261201.json": overhead_doc(),
+                                 "h200-attention-20261130.json": att})
+    i_att = text.index("(`bench/results/h200-attention-20261130.json`)")
+    i_rep = text.index("## Trace replay")
+    i_ovh = text.index("## Backend host overhead")
+    assert i_att < i_rep < i_ovh
+    assert text.count("Targets:") == 1

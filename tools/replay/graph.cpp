@@ -8,16 +8,14 @@
 #include "pagedmha/numeric.h"
 
 #if defined(PAGEDMHA_WITH_CUDA)
-#include <cuda_runtime.h>
+#include "replay/cuda_check.h"
 #endif
 
 namespace pagedmha::tools {
 
 #if defined(PAGEDMHA_WITH_CUDA)
 namespace {
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("replay: ") + what + ": " + cudaGetErrorString(e));
-}
+void check(cudaError_t e, const char* what) { check_cuda(e, "replay", what); }
 }  // namespace
 
 CudaStream::CudaStream(Device device) {

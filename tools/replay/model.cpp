@@ -1,5 +1,8 @@
 #include "replay/model.h"
 
+#include <string>
+#include <utility>
+
 #include "pagedmha/error.h"
 
 namespace pagedmha::tools {
@@ -40,8 +43,15 @@ ModelSpec make_model(const std::string& preset, const ModelOverrides& o) {
     m.num_layers = 24, m.num_q_heads = 64, m.num_kv_heads = 8, m.head_dim = 64;
     m.sinks = true, window = 127, alternate = true;  // HF sliding_window 128
   } else if (preset == "custom") {
-    require(o.layers > 0 && o.q_heads > 0 && o.kv_heads > 0 && o.head_dim > 0, "--model custom",
-            "--layers, --q-heads, --kv-heads and --head-dim all given", 0);
+    // Name the flags still missing (a preset would supply them; custom has none).
+    std::string missing;
+    const std::pair<int, const char*> need[] = {
+        {o.layers, "--layers"}, {o.q_heads, "--q-heads"}, {o.kv_heads, "--kv-heads"}, {o.head_dim, "--head-dim"}};
+    for (const auto& [value, flag] : need)
+      if (value < 0) missing += std::string(missing.empty() ? "" : ", ") + flag;
+    if (!missing.empty())
+      throw_invalid_argument("replay", "--model custom", "--layers, --q-heads, --kv-heads and --head-dim all given",
+                             "missing " + missing);
   } else {
     throw_invalid_argument("replay", "--model",
                            "llama3-8b, llama3-70b, qwen2.5-7b, gpt-oss-20b or custom", preset);

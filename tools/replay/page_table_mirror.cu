@@ -4,6 +4,7 @@
 #include <string>
 
 #include "pagedmha/error.h"
+#include "replay/cuda_check.h"
 #include "replay/page_table_mirror.h"
 
 namespace pagedmha::tools {
@@ -21,8 +22,7 @@ void scatter_pairs_cuda(int32_t* out, const int32_t* pairs, int64_t n, Stream st
   const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
   scatter_pairs_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream.handle)>>>(
       out, reinterpret_cast<const int2*>(pairs), n);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw Error(std::string("scatter_pairs_cuda: launch failed: ") + cudaGetErrorString(err));
+  check_cuda(cudaGetLastError(), "scatter_pairs_cuda", "launch failed");
 }
 
 }  // namespace pagedmha::tools

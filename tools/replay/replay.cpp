@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -267,7 +268,9 @@ ReplayResult run_replay(const ReplayOptions& given) {
     const double t = elapsed();
     const int64_t n = static_cast<int64_t>(res.steps.size());
     const double rate = t > last_t ? double(n - last_steps) / (t - last_t) : 0.0;
-    const double done_tokens = double(sched.stats().prefill_tokens + sched.stats().generated_tokens);
+    // Prompt tokens served from the prefix cache are done without being computed.
+    const SchedulerStats& st = sched.stats();
+    const double done_tokens = double(st.prefill_tokens + st.prefix_hit_tokens + st.generated_tokens);
     std::fprintf(stderr,
                  "[replay] %7.1f s  steps %lld  finished %lld/%lld  running %lld  waiting %lld  tokens %.0f (%.1f%%)  "
                  "%.1f steps/s%s\n",
@@ -358,6 +361,14 @@ ReplayResult run_replay(const ReplayOptions& given) {
   return res;
 }
 
+std::string build_commit() {
+  if (const char* env = std::getenv("PAGEDMHA_COMMIT"); env && *env) return env;
+#ifdef PAGEDMHA_GIT_SHA
+  if (*PAGEDMHA_GIT_SHA) return PAGEDMHA_GIT_SHA;
+#endif
+  return "unknown";
+}
+
 nlohmann::json replay_report_json(const ReplayResult& r) {
   using nlohmann::json;
   const ReplayOptions& o = r.options;
@@ -389,6 +400,8 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
   const auto per_step_us = [&](double x, int64_t n) { return n ? x / n * 1e6 : 0.0; };
   json j;
   j["tool"] = "pagedmha replay";
+  j["command"] = o.command.empty() ? json(nullptr) : json(o.command);
+  j["commit"] = build_commit();
   j["device"] = r.device.str();
   j["gpu"] = c.gpu.empty() ? json(nullptr) : json(c.gpu);
   j["executor"] = r.executor;

@@ -47,6 +47,7 @@ struct ReplayOptions {
   std::string json;              // report file
   bool progress = true;
   bool quiet = false;            // no final table
+  std::string command;           // the invocation (argv joined), recorded in --json; empty: not known
 };
 
 /// Fills the device-dependent defaults: on CUDA llama3-8b, all requests of a trace (or
@@ -106,6 +107,10 @@ ReplayResult run_replay(const ReplayOptions& options);
 int64_t visible_pairs(int64_t L, int64_t n, int w);
 /// Distinct keys the n queries read.
 int64_t keys_read(int64_t L, int64_t n, int w);
+
+/// The commit the report names: env PAGEDMHA_COMMIT when set, else the git sha CMake saw at
+/// configure time (PAGEDMHA_GIT_SHA), else "unknown".
+std::string build_commit();
 
 /// Summary, options and per-step records as columns ("steps": {"step": [...], ...}),
 /// at most options.json_steps of them, evenly strided ("stride").

@@ -5,16 +5,14 @@
 #include "pagedmha/error.h"
 
 #if defined(PAGEDMHA_WITH_CUDA)
-#include <cuda_runtime.h>
+#include "replay/cuda_check.h"
 #endif
 
 namespace pagedmha::tools {
 
 #if defined(PAGEDMHA_WITH_CUDA)
 namespace {
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("IntervalTimer: ") + what + ": " + cudaGetErrorString(e));
-}
+void check(cudaError_t e, const char* what) { check_cuda(e, "IntervalTimer", what); }
 }  // namespace
 #endif
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "pagedmha/error.h"
+#include "replay/cuda_check.h"
 #include "replay/token_data.h"
 
 namespace pagedmha::tools {
@@ -54,8 +55,7 @@ void launch_fill(const TensorView& out, const TokenRef* tokens, int64_t num_toke
     default:
       throw_invalid_argument("fill_tokens_cuda", "out", "bf16, fp16 or fp32", dtype_name(out.dtype));
   }
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw Error(std::string("fill_tokens_cuda: launch failed: ") + cudaGetErrorString(err));
+  check_cuda(cudaGetLastError(), "fill_tokens_cuda", "launch failed");
 }
 
 }  // namespace

@@ -107,6 +107,8 @@ TEST(ReplayTimeLimit, CliWritesTheJsonOfATruncatedRun) {
 TEST(ReplayCli, RejectsOutOfRangeArgumentsAsUsageErrors) {
   EXPECT_EQ(cli({"replay", "--device", "cpu", "--requests", "2000000000"}), 2);
   EXPECT_EQ(cli({"replay", "--device", "cpu", "--requests", "0"}), 2);
+  EXPECT_EQ(cli({"replay", "--device", "cpu", "--requests", "-3"}), 2);
+  EXPECT_EQ(cli({"replay", "--device", "cpu", "--requests=-3"}), 2);
   EXPECT_EQ(cli({"replay", "--device", "cpu", "--spec-tokens", "9"}), 2);
   EXPECT_EQ(cli({"replay", "--device", "cpu", "--spec-tokens", "0"}), 2);
   EXPECT_EQ(cli({"replay", "--device", "cpu", "--kv-memory", "-1"}), 2);
@@ -127,6 +129,9 @@ TEST(ReplayCli, LibraryRejectsTheSameValuesNamingTheArgument) {
   pt::ReplayOptions o = tiny();
   o.trace.clear();
   o.requests = 2'000'000'000;
+  EXPECT_NE(message(o).find("--requests"), std::string::npos);
+  o = tiny();
+  o.requests = -3;  // only -1 means "the default"
   EXPECT_NE(message(o).find("--requests"), std::string::npos);
   o = tiny();
   o.spec_tokens = 9;
@@ -194,4 +199,55 @@ TEST(PlotCli, MissingReportIsAnErrorNamingTheArgument) {
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("report"), std::string::npos) << err;
   EXPECT_EQ(err.find("Traceback"), std::string::npos) << err;
+}
+
+TEST(Cli, UnknownSubcommandIsNamed) {
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(cli({"nosuchcmd"}), 2);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("unknown subcommand 'nosuchcmd'"), std::string::npos) << err;
+  EXPECT_NE(err.find("replay"), std::string::npos) << err;
+}
+
+TEST(ReplayCli, CustomModelNamesTheMissingFlags) {
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(cli({"replay", "--device", "cpu", "--model", "custom", "--head-dim", "96"}), 1);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("missing --layers, --q-heads, --kv-heads"), std::string::npos) << err;
+  EXPECT_EQ(err.find("--head-dim,"), std::string::npos) << err;  // given, so not listed as missing
+}
+
+// The report names its invocation and commit (PAGEDMHA_COMMIT wins over the build's sha).
+TEST(ReplayCli, ReportRecordsCommandAndCommit) {
+  const fs::path json = scratch("cmd.json");
+  ASSERT_EQ(setenv("PAGEDMHA_COMMIT", "feedbee", 1), 0);
+  ASSERT_EQ(cli({"replay", "--device", "cpu", "--model", "custom", "--layers", "1", "--q-heads", "1", "--kv-heads",
+                 "1", "--head-dim", "64", "--requests", "2", "--check-every", "0", "--max-steps", "1",
+                 "--no-progress", "--quiet", "--json", json.string()}),
+            0);
+  unsetenv("PAGEDMHA_COMMIT");
+  std::ifstream f(json);
+  ASSERT_TRUE(f);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["commit"], "feedbee");
+  EXPECT_EQ(j["command"], "pagedmha replay --device cpu --model custom --layers 1 --q-heads 1 --kv-heads 1 "
+                          "--head-dim 64 --requests 2 --check-every 0 --max-steps 1 --no-progress --quiet --json " +
+                              json.string());
+  EXPECT_FALSE(pt::build_commit().empty());
+}
+
+// Prompt tokens served from the prefix cache count as done: a complete run ends at 100%.
+TEST(ReplayProgress, CompleteRunWithPrefixHitsEndsAtOneHundredPercent) {
+  pt::ReplayOptions o = tiny();
+  o.progress = true;
+  testing::internal::CaptureStderr();
+  const pt::ReplayResult r = pt::run_replay(o);
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_EQ(r.finished, 6);
+  ASSERT_GT(r.sched.prefix_hit_tokens, 0);  // the case the old count missed
+  ASSERT_EQ(r.sched.preemptions, 0);        // (a recompute would overshoot, capped at 100%)
+  const size_t end = err.rfind("(end)");
+  ASSERT_NE(end, std::string::npos) << err;
+  const std::string last = err.substr(err.rfind('\n', end) + 1, end - err.rfind('\n', end));
+  EXPECT_NE(last.find("(100.0%)"), std::string::npos) << last;
 }
