@@ -158,6 +158,14 @@ struct AttentionMetadata {
   int max_seq_len_q = 1;  ///< Host bound of the queries per row
   int64_t num_tokens = 0; ///< Query rows of the step (batch * max_seq_len_q unless ragged)
   bool ragged = false;    ///< true: batch_prefill with cu_seqlens_q; false: batch_decode
+  /// Ragged only (host-known): the trailing rows of one query each (mixed steps put decode
+  /// rows last). They run through batch_decode on row views instead of 128-row prefill
+  /// tiles with one useful row; the leading batch - decode_rows rows through batch_prefill
+  /// with max_q_len prefill_max_seq_len_q. Same results: a 1-query row at L - 1 sees the
+  /// same keys either way. Falls back to one batch_prefill when the decode workspace was
+  /// not sized for this layer's geometry (config geometry or register_layers).
+  int decode_rows = 0;
+  int prefill_max_seq_len_q = 0;
 };
 
 /// The backend. Not thread-safe; one instance per model (and per drafter).
@@ -194,7 +202,8 @@ class MhaBackend {
   /// [T, Hq, D] (strided rows allowed); k, v: [T, Hkv * D] or [T, Hkv, D], or undefined;
   /// out: [T, Hq * D] or [T, Hq, D] of the query dtype. When save_kv_cache and k is given,
   /// writes K/V at select_out_cache_loc(...) first. Returns out as [T, Hq * D].
-  /// T must be the step's token count; k and v then have T rows and the write slots at
+  /// Trailing rows of one query run through batch_decode, the rest through batch_prefill
+  /// (AttentionMetadata::decode_rows). T must be the step's token count; k and v then have T rows and the write slots at
   /// least T entries (exactly T are written). bs must be the step's batch_size. Errors
   /// name q / k / v / out_cache_loc / bs with the expected and given sizes.
   TensorView forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -390,6 +390,11 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     md.max_seq_len_q = max_q;
     md.num_tokens = tq;
     md.ragged = true;
+    int lead = bs;  // rows [lead, bs) have one query each: batch_decode runs them
+    while (lead > 0 && ext[lead - 1] == 1) --lead;
+    md.decode_rows = bs - lead;
+    md.prefill_max_seq_len_q = 0;
+    for (int r = 0; r < lead; ++r) md.prefill_max_seq_len_q = std::max(md.prefill_max_seq_len_q, ext[r]);
     set_tables(md, [&](const CacheGroupTable& g) {
       GroupBuffers& gb = eager_group(g.group_id);
       if (gb.extend_capacity < tq) {  // eager only: extend steps are never captured
@@ -548,23 +553,44 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   params.window_left = layer.window_left;
   params.logits_soft_cap = layer.logits_soft_cap;
   params.sinks = layer.sinks;
+  const Device dev = config_.device;
+  const TensorView workspace = workspace_.bytes() > 0 ? workspace_.bytes_view() : TensorView{};
+  auto decode = [&](const TensorView& q_rows, const TensorView& out_rows, const TensorView& table_rows,
+                    const TensorView& seq_lens, int q_len) {
+    batch_decode(q_rows, kv.k_cache, kv.v_cache, table_rows, seq_lens, config_.page_size, q_len, out_rows, params,
+                 {}, workspace, s);
+  };
   if (md.ragged) {
-    batch_prefill(q3, kv.k_cache, kv.v_cache, table, md.cache_seqlens, md.cu_seqlens_q, config_.page_size,
-                  md.max_seq_len_q, out3, params, {}, s);
-  } else {
-    const std::size_t need = decode_workspace_size(config_.device, md.batch, md.max_seq_len_q, Hq, Hkv, D);
-    if (need > workspace_.bytes()) {  // never allocated here: this may run under graph capture
-      const std::string geometry = "Hq " + str(Hq) + ", Hkv " + str(Hkv) + ", D " + str(D);
-      if (config_.workspace_bytes > 0) {
-        fail("config.workspace_bytes", ">= " + std::to_string(need) + " for this layer's decode (" + geometry + ")",
-             std::to_string(config_.workspace_bytes));
-      }
-      fail("layer", "a geometry the decode workspace was sized for (config.num_q_heads / num_kv_heads / "
-           "head_dim, or register_layers before the first step)", geometry);
+    // Trailing 1-query rows go to batch_decode when its workspace fits (it always does
+    // once the geometry is registered); the prefill tiles then cover only the extend rows.
+    const int64_t n_dec = md.decode_rows, n_pre = md.batch - n_dec, t_pre = T - n_dec;
+    const bool split =
+        n_dec > 0 && decode_workspace_size(dev, n_dec, 1, Hq, Hkv, D) <= workspace_.bytes();
+    if (!split) {
+      batch_prefill(q3, kv.k_cache, kv.v_cache, table, md.cache_seqlens, md.cu_seqlens_q, config_.page_size,
+                    md.max_seq_len_q, out3, params, {}, s);
+      return out2;
     }
-    batch_decode(q3, kv.k_cache, kv.v_cache, table, md.cache_seqlens, config_.page_size, md.max_seq_len_q, out3,
-                 params, {}, need > 0 ? workspace_.bytes_view() : TensorView{}, s);
+    if (t_pre > 0) {
+      batch_prefill(q3.slice(0, 0, t_pre), kv.k_cache, kv.v_cache, table.slice(0, 0, n_pre),
+                    md.cache_seqlens.slice(0, 0, n_pre), md.cu_seqlens_q.slice(0, 0, n_pre + 1), config_.page_size,
+                    md.prefill_max_seq_len_q, out3.slice(0, 0, t_pre), params, {}, s);
+    }
+    decode(q3.slice(0, t_pre, n_dec), out3.slice(0, t_pre, n_dec), table.slice(0, n_pre, n_dec),
+           md.cache_seqlens.slice(0, n_pre, n_dec), 1);
+    return out2;
   }
+  const std::size_t need = decode_workspace_size(dev, md.batch, md.max_seq_len_q, Hq, Hkv, D);
+  if (need > workspace_.bytes()) {  // never allocated here: this may run under graph capture
+    const std::string geometry = "Hq " + str(Hq) + ", Hkv " + str(Hkv) + ", D " + str(D);
+    if (config_.workspace_bytes > 0) {
+      fail("config.workspace_bytes", ">= " + std::to_string(need) + " for this layer's decode (" + geometry + ")",
+           std::to_string(config_.workspace_bytes));
+    }
+    fail("layer", "a geometry the decode workspace was sized for (config.num_q_heads / num_kv_heads / "
+         "head_dim, or register_layers before the first step)", geometry);
+  }
+  decode(q3, out3, table, md.cache_seqlens, md.max_seq_len_q);
   return out2;
 }
 

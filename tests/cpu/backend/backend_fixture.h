@@ -107,6 +107,10 @@ struct Layer {
     s.bmm1_scale = double(spec.scaling) * (fp8() ? spec.k_scale : 1.0);
     s.bmm2_scale = fp8() ? spec.v_scale : 1.0;
     s.window_left = spec.window_left;
+    s.soft_cap = spec.logits_soft_cap;
+    std::vector<double> sinks;
+    for (int h = 0; spec.sinks.defined() && h < spec.num_q_heads; ++h) sinks.push_back(spec.sinks.ptr<const float>()[h]);
+    if (!sinks.empty()) s.sinks = &sinks;
     std::vector<double> o(static_cast<size_t>(n) * spec.num_q_heads * D), lse(static_cast<size_t>(n) * spec.num_q_heads);
     oracle::attention(s, n, L, q.data(), kk.data(), vv.data(), o.data(), lse.data());
     return o;
