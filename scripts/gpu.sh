@@ -5,21 +5,23 @@
 # Every stage runs even when an earlier one failed; the exit status is non-zero when
 # any stage failed.
 #
-#   scripts/gpu.sh [--cpu] [--no-bench] [--no-sanitizer] [--reports]
+#   scripts/gpu.sh [--cpu] [--no-tests] [--no-bench] [--no-sanitizer] [--reports]
 #     --cpu           also run the CPU suites (ctest -L cpu)
 #     --reports       also the backend host-overhead benchmark and the two trace replays
 #                     (traces read from $TRACES, default ../shared/traces)
 #   Environment: OUT (log folder; default build/gpu-out), JOBS (build jobs; default
-#   nproc), CTEST_JOBS (parallel test programs; default 4), BENCH_ARGS.
+#   nproc), CTEST_JOBS (parallel test programs; default 4), BENCH_ARGS, TRACES,
+#   REPLAY_TIME_LIMIT (s, default 90), REPLAYS (e.g. "azure-conv-llama3-8b:400").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-run_cpu=0 run_bench=1 run_sanitizer=1 run_reports=0
+run_cpu=0 run_tests=1 run_bench=1 run_sanitizer=1 run_reports=0
 for arg in "$@"; do
   case $arg in
     --cpu) run_cpu=1 ;;
     --no-bench) run_bench=0 ;;
+    --no-tests) run_tests=0 ;;
     --no-sanitizer) run_sanitizer=0 ;;
     --reports) run_reports=1 ;;
     *) echo "gpu.sh: unknown argument $arg" >&2; exit 2 ;;
@@ -99,7 +101,7 @@ EOF
     note "ctest -L $label" FAILED "$total_p passed, $total_f failed (rc $rc) in $(seconds_since "$t") s, see ctest-$label.log"
   fi
 }
-if [ -d "$build" ]; then
+if [ -d "$build" ] && [ $run_tests -eq 1 ]; then
   run_ctest gpu
   [ $run_cpu -eq 1 ] && run_ctest cpu
 fi
@@ -159,17 +161,22 @@ if [ $run_reports -eq 1 ]; then
   traces=${TRACES:-$root/../shared/traces}
   limit=${REPLAY_TIME_LIMIT:-90}
   cli=$build/tools/pagedmha
-  # name|trace|arguments
-  for spec in \
-      "azure-conv-llama3-8b|AzureLLMInferenceTrace_conv.csv|--model llama3-8b --kv-dtype bf16 --check-every 500" \
-      "mooncake-gpt-oss-20b|conversation_trace.jsonl|--model gpt-oss-20b --kv-dtype fp8 --check-every 200"; do
-    IFS='|' read -r name trace args <<<"$spec"
+  # REPLAYS: space-separated name[:time limit in s]; default both at REPLAY_TIME_LIMIT.
+  for entry in ${REPLAYS:-azure-conv-llama3-8b mooncake-gpt-oss-20b}; do
+    name=${entry%%:*}
+    run_limit=$limit
+    [ "$entry" != "$name" ] && run_limit=${entry#*:}
+    case $name in
+      azure-conv-llama3-8b) trace=AzureLLMInferenceTrace_conv.csv args="--model llama3-8b --kv-dtype bf16 --check-every 500" ;;
+      mooncake-gpt-oss-20b) trace=conversation_trace.jsonl args="--model gpt-oss-20b --kv-dtype fp8 --check-every 200" ;;
+      *) note "replay $name" FAILED "unknown replay (azure-conv-llama3-8b, mooncake-gpt-oss-20b)"; continue ;;
+    esac
     json=$out/h200-replay-$name-$day.json
     t=$(date +%s)
-    log "replay $name"
+    log "replay $name (time limit $run_limit s)"
     # shellcheck disable=SC2086
-    if timeout $((limit + 60)) "$cli" replay --device cuda --trace "$traces/$trace" $args \
-        --time-limit "$limit" --json "$json" >"$out/replay-$name.log" 2>&1; then
+    if timeout $((run_limit + 60)) "$cli" replay --device cuda --trace "$traces/$trace" $args \
+        --time-limit "$run_limit" --json "$json" >"$out/replay-$name.log" 2>&1; then
       "$cli" plot "$json" -o "$out/replay-$name.png" >>"$out/replay-$name.log" 2>&1
       note "replay $name" ok "$(seconds_since "$t") s, $(grep -m1 -E 'requests \(finished' "$out/replay-$name.log" | tr -s ' ')"
     else

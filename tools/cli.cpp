@@ -76,6 +76,8 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
   c->add_option("--accept-rate", o.accept_rate, "Probability each draft token is accepted (seeded) [0..1]");
   c->add_flag("!--no-prefix-cache", o.prefix_cache, "Disable the prefix cache (Mooncake hash ids)");
   c->add_flag("!--no-cuda-graphs", o.cuda_graphs, "Run decode steps eagerly on the GPU");
+  c->add_flag("--dry-run", o.dry_run, "Schedule only, with the GPU defaults: run no attention and no checks; reports the steps, "
+              "bytes, flops and roofline floor of the trace (ceilings: the H200's)");
   c->add_option("--check-every", o.check_every, "Check sampled rows of every K-th step against the CPU reference "
                                                 "ops; 0 = off [steps]");
   c->add_option("--check-rows", o.check_rows, "Batch rows checked per checked step [rows]");

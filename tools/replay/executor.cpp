@@ -217,7 +217,19 @@ class BackendExecutor final : public AttentionExecutor {
   StepHostTimes times_;
 };
 
+class DryRunExecutor final : public AttentionExecutor {
+ public:
+  std::string name() const override { return "none (--dry-run)"; }
+  double run_step(const StepPlan&, const std::vector<RequestState>&, const std::vector<CapturePoint>&,
+                  std::vector<std::vector<float>>*) override {
+    return 0.0;
+  }
+  StepHostTimes take_host_times() override { return {}; }
+};
+
 }  // namespace
+
+std::unique_ptr<AttentionExecutor> make_dry_run_executor() { return std::make_unique<DryRunExecutor>(); }
 
 std::unique_ptr<AttentionExecutor> make_backend_executor(const ExecutorConfig& config) {
   return std::make_unique<BackendExecutor>(config);

@@ -64,6 +64,10 @@ class AttentionExecutor {
 /// captured per padded batch size (config.cuda_graphs).
 std::unique_ptr<AttentionExecutor> make_backend_executor(const ExecutorConfig& config);
 
+/// Runs nothing (replay --dry-run): the scheduler's work, bytes, flops and roofline floor
+/// of a trace without a device; every step's attention time is 0.
+std::unique_ptr<AttentionExecutor> make_dry_run_executor();
+
 
 
 }  // namespace pagedmha::tools

@@ -145,7 +145,8 @@ Device parse_device(const std::string& name) {
 
 ReplayOptions resolve_replay_defaults(const ReplayOptions& in, Device device) {
   ReplayOptions o = in;
-  const bool gpu = device.is_cuda();
+  // A dry run plans the GPU run wherever it runs: GPU sizes and the H200's ceilings.
+  const bool gpu = device.is_cuda() || o.dry_run;
   if (o.model.empty()) {
     o.model = "llama3-8b";
     if (!gpu && o.overrides.layers < 0) o.overrides.layers = 2;
@@ -160,6 +161,7 @@ ReplayOptions resolve_replay_defaults(const ReplayOptions& in, Device device) {
   if (o.check_every < 0) o.check_every = gpu ? 200 : 16;
   if (o.ceiling_read_tbps < 0) o.ceiling_read_tbps = gpu ? 4.6 : 0.0;
   if (o.ceiling_tflops < 0) o.ceiling_tflops = gpu ? 760.0 : 0.0;
+  if (o.dry_run) o.check_every = 0;
   return o;
 }
 
@@ -254,7 +256,7 @@ ReplayResult run_replay(const ReplayOptions& given) {
   ec.k_scale = ec.v_scale = kv_dtype == DType::fp8_e4m3 ? kFp8Scale : 1.0f;
   ec.seed = o.seed;
   ec.cuda_graphs = o.cuda_graphs;
-  auto exec = make_backend_executor(ec);
+  auto exec = o.dry_run ? make_dry_run_executor() : make_backend_executor(ec);
   res.executor = exec->name();
 
   const double q_bytes = double(dtype_size(q_dtype)), kv_bytes = double(dtype_size(kv_dtype));

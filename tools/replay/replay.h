@@ -36,6 +36,7 @@ struct ReplayOptions {
   double accept_rate = 0.7;
   bool prefix_cache = true;
   bool cuda_graphs = true;
+  bool dry_run = false;          // schedule only: no attention, no checks (work and roofline floor)
   int check_every = -1;          // 0: off
   int check_rows = 2;            // rows checked per checked step
   int64_t max_steps = -1;        // stop after this many steps

@@ -98,3 +98,28 @@ TEST(Check, EveryOpPassesOnTheCpu) {
   EXPECT_GT(s.cases, 10);
   EXPECT_EQ(s.failures, 0);
 }
+
+// A dry run schedules exactly the steps a real run does (the scheduler never looks at the
+// executor), runs no attention and no checks, and states the floor with the H200 ceilings.
+TEST(Replay, DryRunPlansTheSameStepsWithoutAttention) {
+  pt::ReplayOptions o = small();
+  o.check_every = 0;
+  const pt::ReplayResult real = pt::run_replay(o);
+  o.dry_run = true;
+  o.check_every = 1;  // ignored by a dry run
+  const pt::ReplayResult dry = pt::run_replay(o);
+  ASSERT_EQ(dry.steps.size(), real.steps.size());
+  EXPECT_EQ(dry.finished, real.finished);
+  EXPECT_EQ(dry.check.steps_checked, 0);
+  double floor = 0;
+  for (size_t i = 0; i < dry.steps.size(); ++i) {
+    EXPECT_EQ(dry.steps[i].tokens, real.steps[i].tokens) << i;
+    EXPECT_EQ(dry.steps[i].bytes, real.steps[i].bytes) << i;
+    EXPECT_EQ(dry.steps[i].flops, real.steps[i].flops) << i;
+    EXPECT_EQ(dry.steps[i].attention_s, 0.0);
+    floor += std::max(dry.steps[i].bytes / 4.6e12, dry.steps[i].flops / 760e12);
+  }
+  const nlohmann::json j = pt::replay_report_json(dry);
+  EXPECT_NEAR(j["summary"]["roofline_floor_s"].get<double>(), floor, 1e-9 * floor);
+  EXPECT_EQ(j["executor"], "none (--dry-run)");
+}
