@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -49,6 +50,10 @@
 #include "pagedmha/tensor.h"
 
 namespace pagedmha {
+
+namespace detail {
+class SideStream;
+}
 
 /// The engine's forward modes. draft_extend behaves as extend, target_verify as a
 /// decode step with spec_num_tokens queries per request.
@@ -175,6 +180,7 @@ class MhaBackend {
   /// buffers, workspace). Errors: invalid config values; config.workspace_bytes below the
   /// need of the config's geometry.
   explicit MhaBackend(const BackendConfig& config);
+  ~MhaBackend();
   MhaBackend(const MhaBackend&) = delete;
   MhaBackend& operator=(const MhaBackend&) = delete;
 
@@ -309,6 +315,8 @@ class MhaBackend {
   const AttentionMetadata* decode_slot_ = nullptr;
   bool has_graph_ = false;
   GraphState graph_;
+  // CUDA: mixed steps run their decode rows here, beside the prefill rows' kernel.
+  std::unique_ptr<detail::SideStream> side_;
 };
 
 }  // namespace pagedmha

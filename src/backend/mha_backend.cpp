@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/buffers.h"
+#include "core/side_stream.h"
 #include "pagedmha/error.h"
 
 namespace pagedmha {
@@ -129,7 +130,10 @@ MhaBackend::MhaBackend(const BackendConfig& config) : config_(config) {
     largest.num_q_heads = c.num_q_heads, largest.num_kv_heads = c.num_kv_heads, largest.head_dim = c.head_dim;
     register_layers({largest});
   }
+  side_ = std::make_unique<detail::SideStream>(dev);
 }
+
+MhaBackend::~MhaBackend() = default;
 
 // The most workspace any decode-kernel call of this backend can ask for with this geometry:
 // block draft max_bs * N rows of one query, else max_bs requests of 1 (decode, drafter) or
@@ -556,9 +560,9 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   const Device dev = config_.device;
   const TensorView workspace = workspace_.bytes() > 0 ? workspace_.bytes_view() : TensorView{};
   auto decode = [&](const TensorView& q_rows, const TensorView& out_rows, const TensorView& table_rows,
-                    const TensorView& seq_lens, int q_len) {
+                    const TensorView& seq_lens, int q_len, Stream stream) {
     batch_decode(q_rows, kv.k_cache, kv.v_cache, table_rows, seq_lens, config_.page_size, q_len, out_rows, params,
-                 {}, workspace, s);
+                 {}, workspace, stream);
   };
   if (md.ragged) {
     // Trailing 1-query rows go to batch_decode when its workspace fits (it always does
@@ -571,13 +575,18 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
                     md.max_seq_len_q, out3, params, {}, s);
       return out2;
     }
+    // On CUDA the two kernels share the GPU: the compute-bound prefill tiles go first, the
+    // memory-bound decode rows follow on a higher-priority side stream and take SMs as
+    // prefill tiles retire (they read the same cache and write disjoint output rows).
+    const Stream aux = t_pre > 0 ? side_->fork(s) : s;
     if (t_pre > 0) {
       batch_prefill(q3.slice(0, 0, t_pre), kv.k_cache, kv.v_cache, table.slice(0, 0, n_pre),
                     md.cache_seqlens.slice(0, 0, n_pre), md.cu_seqlens_q.slice(0, 0, n_pre + 1), config_.page_size,
                     md.prefill_max_seq_len_q, out3.slice(0, 0, t_pre), params, {}, s);
     }
     decode(q3.slice(0, t_pre, n_dec), out3.slice(0, t_pre, n_dec), table.slice(0, n_pre, n_dec),
-           md.cache_seqlens.slice(0, n_pre, n_dec), 1);
+           md.cache_seqlens.slice(0, n_pre, n_dec), 1, aux);
+    if (t_pre > 0) side_->join(s);
     return out2;
   }
   const std::size_t need = decode_workspace_size(dev, md.batch, md.max_seq_len_q, Hq, Hkv, D);
@@ -590,7 +599,7 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
     fail("layer", "a geometry the decode workspace was sized for (config.num_q_heads / num_kv_heads / "
          "head_dim, or register_layers before the first step)", geometry);
   }
-  decode(q3, out3, table, md.cache_seqlens, md.max_seq_len_q);
+  decode(q3, out3, table, md.cache_seqlens, md.max_seq_len_q, s);
   return out2;
 }
 

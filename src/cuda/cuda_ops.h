@@ -36,5 +36,10 @@ void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream);
 void memset_async(void* dst, int value, std::size_t bytes, void* stream);
 void stream_synchronize(void* stream);
 int multiprocessor_count(int device_index);
+/// A non-blocking stream of the greatest priority on the device and two timing-free events.
+void side_stream_create(int device_index, void** stream, void** fork_event, void** join_event);
+void side_stream_destroy(int device_index, void* stream, void* fork_event, void* join_event);
+/// `waiter` waits for the work issued on `waited` so far (through `event`).
+void stream_wait(void* waiter, void* waited, void* event);
 
 }  // namespace pagedmha::cuda

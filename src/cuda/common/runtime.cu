@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/launch.cuh"
 #include "cuda/cuda_ops.h"
 
 namespace pagedmha::cuda {
@@ -49,6 +50,31 @@ int multiprocessor_count(int device_index) {
   int n = 0;
   PAGEDMHA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device_index));
   return n;
+}
+
+void side_stream_create(int device_index, void** stream, void** fork_event, void** join_event) {
+  DeviceGuard guard(device_index);
+  int least = 0, greatest = 0;
+  PAGEDMHA_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t s = nullptr;
+  PAGEDMHA_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+  cudaEvent_t f = nullptr, j = nullptr;
+  PAGEDMHA_CUDA_CHECK(cudaEventCreateWithFlags(&f, cudaEventDisableTiming));
+  PAGEDMHA_CUDA_CHECK(cudaEventCreateWithFlags(&j, cudaEventDisableTiming));
+  *stream = s, *fork_event = f, *join_event = j;
+}
+
+void side_stream_destroy(int device_index, void* stream, void* fork_event, void* join_event) {
+  DeviceGuard guard(device_index);
+  cudaEventDestroy(static_cast<cudaEvent_t>(fork_event));
+  cudaEventDestroy(static_cast<cudaEvent_t>(join_event));
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+void stream_wait(void* waiter, void* waited, void* event) {
+  const auto e = static_cast<cudaEvent_t>(event);
+  PAGEDMHA_CUDA_CHECK(cudaEventRecord(e, static_cast<cudaStream_t>(waited)));
+  PAGEDMHA_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter), e, 0));
 }
 
 }  // namespace pagedmha::cuda
