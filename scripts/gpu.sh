@@ -169,7 +169,10 @@ if [ $run_reports -eq 1 ]; then
     case $name in
       azure-conv-llama3-8b) trace=AzureLLMInferenceTrace_conv.csv args="--model llama3-8b --kv-dtype bf16 --check-every 500" ;;
       mooncake-gpt-oss-20b) trace=conversation_trace.jsonl args="--model gpt-oss-20b --kv-dtype fp8 --check-every 200" ;;
-      *) note "replay $name" FAILED "unknown replay (azure-conv-llama3-8b, mooncake-gpt-oss-20b)"; continue ;;
+      # One rank of a TP-8 deployment: Hq 8, Hkv 1 per GPU (the single-GPU full-head run's
+      # floor alone, 678 s, is longer than a device call).
+      mooncake-gpt-oss-20b-tp8) trace=conversation_trace.jsonl args="--model gpt-oss-20b --tp 8 --kv-dtype fp8 --check-every 200" ;;
+      *) note "replay $name" FAILED "unknown replay (azure-conv-llama3-8b, mooncake-gpt-oss-20b[-tp8])"; continue ;;
     esac
     json=$out/h200-replay-$name-$day.json
     t=$(date +%s)
