@@ -77,7 +77,7 @@ class Case:
 
     @property
     def sinks(self) -> bool:
-        return self.model == "gpt-oss"
+        return self.model.startswith("gpt-oss")
 
     @property
     def geom(self) -> dict:
@@ -151,6 +151,22 @@ def quick_plan() -> List[Case]:
         Case("prefill", "llama3-8b", 4, K4, K4, 16),
         Case("prefill", "gpt-oss", 8, K8, K2, 16),
     ]
+
+
+def replay_plan() -> List[Case]:
+    """The shapes that dominate the trace replays (docs/perf-notes.md): Mooncake's 8k
+    prefill chunks over a cached prefix, full-head and one TP-8 rank, bf16 against fp8 KV;
+    Azure's mixed-step chunk and decode batch."""
+    cases: List[Case] = []
+    for model in ("gpt-oss", "gpt-oss-tp8"):
+        for kv in ("bf16", "fp8_e4m3"):
+            cases.append(Case("prefill", model, 1, K16, K8, 16, kv))
+    cases.append(Case("prefill", "gpt-oss-tp8", 1, K16, K8, 16, "fp8_e4m3", window_left=127))
+    cases.append(Case("prefill", "llama3-8b", 2, K4, K2, 16))
+    cases.append(Case("decode", "llama3-8b", 256, 1024, 1, 16))
+    for kv in ("bf16", "fp8_e4m3"):
+        cases.append(Case("decode", "gpt-oss-tp8", 256, K16, 1, 16, kv))
+    return cases
 
 
 # --- Inputs ----------------------------------------------------------------------------
@@ -708,6 +724,8 @@ def summary_table(records: List[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a handful of shapes (< 60 s)")
+    ap.add_argument("--replay-shapes", action="store_true",
+                    help="the shapes that dominate the trace replays (written as *-attention-replay-shapes-*)")
     ap.add_argument("--module-path", default=None,
                     help="folder holding the built pagedmha package (<build>/python); default: "
                          "$PAGEDMHA_BUILD_DIR/python when it exists, else PYTHONPATH")
@@ -759,7 +777,7 @@ def main(argv=None) -> int:
     log("ceilings: " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
                                     for k, v in ceilings.items()}))
 
-    cases = quick_plan() if args.quick else full_plan()
+    cases = quick_plan() if args.quick else replay_plan() if args.replay_shapes else full_plan()
     if args.filter:
         cases = [c for c in cases if re.search(args.filter, c.name)]
     records = []
@@ -792,7 +810,8 @@ def main(argv=None) -> int:
         "targets": M.evaluate_targets(records),
         "wall_s": round(time.time() - t0, 1),
     }
-    name = f"{M.gpu_slug(gpu)}-attention{'-quick' if args.quick else ''}-{now:%Y%m%d}.json"
+    plan = "-quick" if args.quick else "-replay-shapes" if args.replay_shapes else ""
+    name = f"{M.gpu_slug(gpu)}-attention{plan}-{now:%Y%m%d}.json"
     text = json.dumps(doc, indent=1)
     dirs = [Path(args.out_dir)]
     if os.environ.get("OUT"):

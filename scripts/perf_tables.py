@@ -138,7 +138,10 @@ def ceilings_section(c: dict) -> str:
 
 def targets_section(records: List[dict]) -> str:
     rows = []
-    for t in M.evaluate_targets(records):
+    targets = M.evaluate_targets(records)
+    if all(t["met"] is None for t in targets):
+        return "none of the target shapes is in this file.\n"
+    for t in targets:
         mark = "no data" if t["met"] is None else ("met" if t["met"] else "**not met**")
         rows.append([t["name"], _ratio(t["value"]), f">= {t['threshold']:g}x", mark])
     return table(["target", "measured", "target", "status"], rows)

@@ -408,3 +408,18 @@ def test_sections_in_order_attention_replay_overhead(tmp_path):
     i_ovh = text.index("## Backend host overhead")
     assert i_att < i_rep < i_ovh
     assert text.count("Targets:") == 1
+
+
+def test_replay_shapes_plan_and_a_file_without_target_shapes():
+    cases = BA.replay_plan()
+    names = [c.name for c in cases]
+    assert len(set(names)) == len(names)
+    tp8 = [c for c in cases if c.model == "gpt-oss-tp8"]
+    assert tp8 and all(c.sinks for c in tp8)
+    # one TP-8 rank: 1/8 of the full-head flops for the same prefill shape
+    full = next(c for c in cases if c.op == "prefill" and c.model == "gpt-oss" and c.kv_dtype == "bf16")
+    rank = next(c for c in tp8 if c.op == "prefill" and c.kv_dtype == "bf16" and c.window_left < 0)
+    assert rank.work()["flops"] * 8 == full.work()["flops"]
+    # a results file holding none of the target shapes says so instead of a "no data" table
+    assert "none of the target shapes" in PT.targets_section([])
+    assert "no data" not in PT.targets_section([])
