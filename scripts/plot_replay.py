@@ -28,16 +28,24 @@ def main() -> int:
         return 1
     n = len(cols["step"])
     groups = [g["name"] for g in rep["model"]["cache_groups"]]
+    # A dry run (--dry-run) times nothing: plot each step's roofline floor instead.
+    dry = bool(rep.get("options", {}).get("dry_run"))
+    y_key, y_label = ("floor_us", "roofline floor, all layers [us]") if dry else \
+        ("attention_us", "attention time, all layers [us]")
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
     for kind, color in (("decode", "tab:blue"), ("extend", "tab:orange")):
         sel = [i for i in range(n) if (cols["extend_rows"][i] == 0) == (kind == "decode")]
-        a.scatter([cols["tokens"][i] for i in sel], [cols["attention_us"][i] for i in sel], s=6, alpha=0.6,
+        a.scatter([cols["tokens"][i] for i in sel], [cols[y_key][i] for i in sel], s=6, alpha=0.6,
                   color=color, label=f"{kind} steps ({len(sel)} shown)")
     a.set_xlabel("query tokens in the step")
-    a.set_ylabel("attention time, all layers [us]")
+    a.set_ylabel(y_label)
     a.set_xscale("symlog")
-    a.set_yscale("log")
-    a.set_title("step latency vs batch tokens" + (f" (every {cols['stride']}th step)" if cols["stride"] > 1 else ""))
+    if any(v > 0 for v in cols[y_key]):  # a log axis needs a positive value (none: no steps)
+        a.set_yscale("log")
+    else:
+        a.text(0.5, 0.5, "no steps", transform=a.transAxes, ha="center", va="center")
+    a.set_title("step " + ("floor" if dry else "latency") + " vs batch tokens" +
+                (f" (every {cols['stride']}th step)" if cols["stride"] > 1 else ""))
     a.legend()
     for gi, name in enumerate(groups):
         b.plot(cols["step"], cols["pages_in_use"][gi], label=name)
@@ -48,12 +56,23 @@ def main() -> int:
     b.legend()
     s = rep["summary"]
     trunc = f" (truncated: {s['finished']}/{s['requests']} finished)" if rep.get("truncated") else ""
-    roof = f"roofline ratio {s['ratio_roofline']:.3f}, " if s.get("ratio_roofline") is not None else ""
+    if dry:
+        figures = f"dry run, floor {s['roofline_floor_s']:.1f} s, " if s.get("roofline_floor_s") is not None \
+            else "dry run, "
+    else:
+        fig_of = lambda key, f: "-" if s.get(key) is None else format(s[key], f)  # noqa: E731
+        figures = f"{fig_of('achieved_tbps', '.3f')} TB/s, {fig_of('achieved_tflops', '.2f')} TFLOP/s, "
+        if s.get("ratio_roofline") is not None:
+            figures += f"roofline ratio {s['ratio_roofline']:.3f}, "
     fig.suptitle(f"{rep['model']['name']} on {rep['device']}: {s['requests']} requests, {s['steps']} steps, "
-                 f"{s['achieved_tbps']:.3f} TB/s, {s['achieved_tflops']:.2f} TFLOP/s, {roof}"
-                 f"prefix hit {s['prefix_hit_rate']:.1%}, preemptions {s['preemptions']}{trunc}")
+                 f"{figures}prefix hit {s['prefix_hit_rate']:.1%}, preemptions {s['preemptions']}{trunc}")
     fig.tight_layout()
-    fig.savefig(args.output, dpi=110)
+    try:
+        fig.savefig(args.output, dpi=110)
+    except OSError as e:
+        print(f"plot_replay.py: -o/--output: expected a writable image file, got {args.output} ({e.strerror})",
+              file=sys.stderr)
+        return 1
     print(f"wrote {args.output}")
     return 0
 

@@ -578,6 +578,18 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
     // On CUDA the two kernels share the GPU: the compute-bound prefill tiles go first, the
     // memory-bound decode rows follow on a higher-priority side stream and take SMs as
     // prefill tiles retire (they read the same cache and write disjoint output rows).
+    // A throw between fork and join still joins (an unjoined fork would break a capture).
+    struct JoinOnThrow {
+      detail::SideStream* side;
+      Stream main;
+      ~JoinOnThrow() {
+        if (!side) return;
+        try {
+          side->join(main);
+        } catch (...) {  // already unwinding from the first error
+        }
+      }
+    } guard{t_pre > 0 ? side_.get() : nullptr, s};
     const Stream aux = t_pre > 0 ? side_->fork(s) : s;
     if (t_pre > 0) {
       batch_prefill(q3.slice(0, 0, t_pre), kv.k_cache, kv.v_cache, table.slice(0, 0, n_pre),
@@ -586,7 +598,10 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
     }
     decode(q3.slice(0, t_pre, n_dec), out3.slice(0, t_pre, n_dec), table.slice(0, n_pre, n_dec),
            md.cache_seqlens.slice(0, n_pre, n_dec), 1, aux);
-    if (t_pre > 0) side_->join(s);
+    if (guard.side) {
+      guard.side = nullptr;
+      side_->join(s);
+    }
     return out2;
   }
   const std::size_t need = decode_workspace_size(dev, md.batch, md.max_seq_len_q, Hq, Hkv, D);

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -188,8 +190,23 @@ ReplayResult run_replay(const ReplayOptions& given) {
   ReplayResult res;
   res.device = parse_device(given.device);
   // -1 is "not given"; any other value must be meaningful (the CLI checks these too).
-  if (given.kv_memory_gb != -1.0 && !(given.kv_memory_gb > 0.0))
-    throw_invalid_argument("replay", "--kv-memory", "> 0 GB", std::to_string(given.kv_memory_gb));
+  if (given.kv_memory_gb != -1.0 && !(given.kv_memory_gb > 0.0 && std::isfinite(given.kv_memory_gb)))
+    throw_invalid_argument("replay", "--kv-memory", "> 0 GB, finite", std::to_string(given.kv_memory_gb));
+  const auto not_given_or = [](int64_t v, int64_t lo, const char* arg, const std::string& expected) {
+    if (v != -1 && v < lo) throw_invalid_argument("replay", arg, expected, std::to_string(v));
+  };
+  not_given_or(given.pages, 2, "--pages", ">= 2 pages per cache group (page 0 is reserved)");
+  not_given_or(given.token_budget, 1, "--token-budget", ">= 1 tokens");
+  not_given_or(given.max_running, 1, "--max-running", ">= 1 requests");
+  not_given_or(given.check_every, 0, "--check-every", ">= 0 steps (0: off)");
+  not_given_or(given.max_steps, 0, "--max-steps", ">= 0 steps (-1: no limit)");
+  if (given.page_size < 1 || given.page_size > 4096)
+    throw_invalid_argument("replay", "--page-size", "1..4096 tokens", std::to_string(given.page_size));
+  for (const auto& [arg, v] : {std::pair<const char*, double>{"--ceiling-read-tbps", given.ceiling_read_tbps},
+                               std::pair<const char*, double>{"--ceiling-tflops", given.ceiling_tflops}}) {
+    if (v != -1.0 && !(v >= 0.0 && std::isfinite(v)))
+      throw_invalid_argument("replay", arg, ">= 0 and finite (0: no roofline figures)", std::to_string(v));
+  }
   if (given.requests != -1 && (given.requests < 1 || given.requests > kMaxReplayRequests))
     throw_invalid_argument("replay", "--requests", "1.." + std::to_string(kMaxReplayRequests),
                            std::to_string(given.requests));
@@ -219,10 +236,16 @@ ReplayResult run_replay(const ReplayOptions& given) {
   const double bytes_per_page_all_layers = double(o.page_size) * m.num_kv_heads * m.head_dim * 2.0 *
                                            double(dtype_size(kv_dtype)) * m.num_layers;
   int64_t pages = o.pages;
-  if (pages < 0) pages = static_cast<int64_t>(o.kv_memory_gb * 1e9 / bytes_per_page_all_layers);
-  if (pages < 2)
-    throw_invalid_argument("replay", o.pages >= 0 ? "--pages" : "--kv-memory", "room for at least 2 pages",
-                           std::to_string(pages) + " pages");
+  if (pages < 0) {
+    // Range-checked as a double: a huge --kv-memory must not overflow the cast.
+    const double want = std::floor(o.kv_memory_gb * 1e9 / bytes_per_page_all_layers);
+    if (!(want >= 2.0 && want <= double(std::numeric_limits<int32_t>::max())))
+      throw_invalid_argument("replay", "--kv-memory",
+                             "room for 2..2^31-1 pages per cache group (" + fmt("%.0f", bytes_per_page_all_layers) +
+                                 " bytes per page over all layers)",
+                             fmt("%g GB", o.kv_memory_gb) + " (" + fmt("%.4g", want) + " pages)");
+    pages = static_cast<int64_t>(want);
+  }
   res.pages_per_group = pages;
 
   SchedulerConfig sc;
@@ -394,8 +417,11 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
     }
   }
   const DeviceCeilings c = device_ceilings_of(r.device);
-  const auto rate = [](double x, double t) { return t > 0 ? x / t : 0.0; };
-  const auto ratio = [&](double x) { return roofline ? json(x) : json(nullptr); };
+  // Figures over a measured time are null when nothing was timed (a dry run, no steps of
+  // that kind): NaN marks them here and `val` turns it into null.
+  const auto rate = [](double x, double t) { return t > 0 ? x / t : std::nan(""); };
+  const auto val = [](double x) { return std::isfinite(x) ? json(x) : json(nullptr); };
+  const auto ratio = [&](double x) { return roofline ? val(x) : json(nullptr); };
   const double tbps = rate(bytes, att) / 1e12, tflops = rate(flops, att) / 1e12;
   const double dec_tbps = rate(dec_bytes, dec_att) / 1e12, ext_tflops = rate(ext_flops, ext_att) / 1e12;
   const int64_t steps = static_cast<int64_t>(r.steps.size());
@@ -413,7 +439,7 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
                   {"pages_per_group", r.pages_per_group}, {"token_budget", o.token_budget},
                   {"max_running", o.max_running}, {"spec_tokens", o.spec_tokens}, {"accept_rate", o.accept_rate},
                   {"prefix_cache", o.prefix_cache}, {"cuda_graphs", o.cuda_graphs}, {"check_every", o.check_every},
-                  {"seed", o.seed}, {"max_steps", o.max_steps},
+                  {"seed", o.seed}, {"max_steps", o.max_steps}, {"dry_run", o.dry_run},
                   {"time_limit_s", o.time_limit_s >= 0 ? json(o.time_limit_s) : json(nullptr)}};
   json groups = json::array();
   for (const CacheGroupSpec& g : r.model.groups) groups.push_back({{"name", g.name}, {"window_left", g.window_left}});
@@ -428,20 +454,22 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
       {"generated_tokens", s.generated_tokens}, {"accepted_draft_tokens", s.accepted_draft_tokens},
       {"attention_time_s", att}, {"attention_time_per_step_us", per_step_us(att, steps)},
       {"attention_time_per_generated_token_us", s.generated_tokens ? att / s.generated_tokens * 1e6 : 0.0},
-      {"generated_tokens_per_s", rate(double(s.generated_tokens), att)},
+      {"generated_tokens_per_s", val(rate(double(s.generated_tokens), att))},
       {"backend_metadata_host_time_per_step_us", per_step_us(meta, steps)},
       {"backend_metadata_host_time_per_decode_step_us", per_step_us(dec_meta, dec_steps)},
       {"backend_metadata_host_time_max_us", max_meta * 1e6},
       {"tool_prepare_host_time_per_step_us", per_step_us(prep, steps)},
       {"tool_scheduler_host_time_per_step_us", per_step_us(sched_s, steps)},
       {"graph_capture_host_time_s", capture},
-      {"bytes", bytes}, {"flops", flops}, {"achieved_tbps", tbps}, {"achieved_tflops", tflops},
-      {"decode_steps_tbps", dec_tbps}, {"extend_steps_tflops", ext_tflops},
+      {"bytes", bytes}, {"flops", flops}, {"achieved_tbps", val(tbps)}, {"achieved_tflops", val(tflops)},
+      {"decode_steps_tbps", val(dec_tbps)}, {"extend_steps_tflops", val(ext_tflops)},
       {"ceilings", roofline ? json{{"read_tbps", o.ceiling_read_tbps}, {"tflops", o.ceiling_tflops}} : json(nullptr)},
       {"roofline_floor_s", roofline ? json(floor) : json(nullptr)},
-      {"ratio_roofline", ratio(att > 0 ? floor / att : 0.0)},
-      {"ratio_roofline_decode_steps", ratio(dec_att > 0 ? dec_floor / dec_att : 0.0)},
-      {"ratio_roofline_extend_steps", ratio(ext_att > 0 ? ext_floor / ext_att : 0.0)},
+      {"roofline_floor_decode_steps_s", roofline ? json(dec_floor) : json(nullptr)},
+      {"roofline_floor_extend_steps_s", roofline ? json(ext_floor) : json(nullptr)},
+      {"ratio_roofline", ratio(rate(floor, att))},
+      {"ratio_roofline_decode_steps", ratio(rate(dec_floor, dec_att))},
+      {"ratio_roofline_extend_steps", ratio(rate(ext_floor, ext_att))},
       {"ratio_read_ceiling", ratio(tbps * 1e12 / read_bps)},
       {"ratio_decode_read_ceiling", ratio(dec_tbps * 1e12 / read_bps)},
       {"ratio_tflops_ceiling", ratio(tflops * 1e12 / flops_ps)},
@@ -510,9 +538,13 @@ std::string replay_summary(const ReplayResult& r) {
   line("achieved compute (extend steps)", num(s["extend_steps_tflops"], "%.4f TFLOP/s"));
   line("ratio to read ceiling (decode)", num(s["ratio_decode_read_ceiling"], "%.3f"));
   line("ratio to TFLOP/s ceiling (extend)", num(s["ratio_extend_tflops_ceiling"], "%.3f"));
-  line("roofline ratio (whole trace)", num(s["ratio_roofline"], "%.3f") + " (floor " +
-                                           num(s["roofline_floor_s"], "%.3f s") + "; decode " +
-                                           num(s["ratio_roofline_decode_steps"], "%.3f") + ", extend " +
+  line("K/V + Q + O bytes / flops", fmt("%.4g TB", s["bytes"].get<double>() / 1e12) + " / " +
+                                        fmt("%.4g PFLOP", s["flops"].get<double>() / 1e15));
+  line("roofline floor (decode / extend)", num(s["roofline_floor_s"], "%.3f s") + " (" +
+                                               num(s["roofline_floor_decode_steps_s"], "%.3f s") + " / " +
+                                               num(s["roofline_floor_extend_steps_s"], "%.3f s") + ")");
+  line("roofline ratio (whole trace)", num(s["ratio_roofline"], "%.3f") + " (decode steps " +
+                                           num(s["ratio_roofline_decode_steps"], "%.3f") + ", extend steps " +
                                            num(s["ratio_roofline_extend_steps"], "%.3f") + ")");
   std::string peaks;
   for (size_t g = 0; g < r.sched.peak_pages.size(); ++g)
@@ -528,6 +560,14 @@ std::string replay_summary(const ReplayResult& r) {
 }
 
 int replay_main(const ReplayOptions& options) {
+  if (!options.json.empty()) {
+    // Checked before the run: a long GPU replay must not end in an unwritable report.
+    // Appending creates no content; a file created only for this check is removed.
+    const bool existed = std::filesystem::exists(options.json);
+    if (!std::ofstream(options.json, std::ios::app))
+      throw_invalid_argument("replay", "--json", "a writable file", options.json);
+    if (!existed) std::filesystem::remove(options.json);
+  }
   const ReplayResult r = run_replay(options);
   if (!options.quiet) std::fputs(replay_summary(r).c_str(), stdout);
   if (!options.json.empty()) {

@@ -57,10 +57,15 @@ void side_stream_create(int device_index, void** stream, void** fork_event, void
   int least = 0, greatest = 0;
   PAGEDMHA_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   cudaStream_t s = nullptr;
-  PAGEDMHA_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
   cudaEvent_t f = nullptr, j = nullptr;
-  PAGEDMHA_CUDA_CHECK(cudaEventCreateWithFlags(&f, cudaEventDisableTiming));
-  PAGEDMHA_CUDA_CHECK(cudaEventCreateWithFlags(&j, cudaEventDisableTiming));
+  cudaError_t err = cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest);
+  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&f, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&j, cudaEventDisableTiming);
+  if (err != cudaSuccess) {  // release what was made before the failure
+    if (f) cudaEventDestroy(f);
+    if (s) cudaStreamDestroy(s);
+    PAGEDMHA_CUDA_CHECK(err);
+  }
   *stream = s, *fork_event = f, *join_event = j;
 }
 

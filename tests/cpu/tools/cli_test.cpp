@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -140,6 +142,58 @@ TEST(ReplayCli, LibraryRejectsTheSameValuesNamingTheArgument) {
   o.pages = -1;
   o.kv_memory_gb = -2.0;
   EXPECT_NE(message(o).find("--kv-memory"), std::string::npos);
+}
+
+// -1 means "the device default"; any other out-of-range value is an error naming its
+// argument and value, never a silent default, an overflow or another argument's name.
+TEST(ReplayCli, NegativeHugeAndNonFiniteValuesNameTheirArgument) {
+  auto message = [](pt::ReplayOptions o) {
+    try {
+      pt::run_replay(o);
+    } catch (const pagedmha::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  struct Case {
+    const char* arg;
+    void (*set)(pt::ReplayOptions&);
+    const char* value;
+  };
+  const Case cases[] = {
+      {"--pages", [](pt::ReplayOptions& o) { o.pages = -5; }, "-5"},
+      {"--token-budget", [](pt::ReplayOptions& o) { o.token_budget = -7; }, "-7"},
+      {"--max-running", [](pt::ReplayOptions& o) { o.max_running = -3; }, "-3"},
+      {"--check-every", [](pt::ReplayOptions& o) { o.check_every = -2; }, "-2"},
+      {"--max-steps", [](pt::ReplayOptions& o) { o.max_steps = -7; }, "-7"},
+      {"--page-size", [](pt::ReplayOptions& o) { o.page_size = 0; }, "0"},
+      {"--ceiling-read-tbps", [](pt::ReplayOptions& o) { o.ceiling_read_tbps = -5.0; }, "-5"},
+      {"--ceiling-tflops", [](pt::ReplayOptions& o) { o.ceiling_tflops = std::nan(""); }, "nan"},
+      {"--kv-memory", [](pt::ReplayOptions& o) { o.pages = -1, o.kv_memory_gb = 1e300; }, "1e+300"},
+      {"--kv-memory", [](pt::ReplayOptions& o) { o.pages = -1, o.kv_memory_gb = 1e12; }, "1e+12"},
+  };
+  for (const Case& c : cases) {
+    pt::ReplayOptions o = tiny();
+    c.set(o);
+    const std::string m = message(o);
+    EXPECT_NE(m.find(c.arg), std::string::npos) << c.arg << ": " << m;
+    EXPECT_NE(m.find(c.value), std::string::npos) << c.arg << ": " << m;
+  }
+}
+
+// An unwritable --json fails before the replay runs (not after a long GPU run).
+TEST(ReplayCli, UnwritableJsonFailsUpFront) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(cli({"replay", "--device", "cpu", "--no-progress", "--quiet", "--json", "/nonexistent-dir/r.json"}), 1);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  const fs::path fresh = scratch("fresh.json");
+  fs::remove(fresh);
+  pt::ReplayOptions o = tiny();
+  o.time_limit_s = 0.0;
+  o.quiet = true;
+  o.json = fresh.string();
+  EXPECT_EQ(pt::replay_main(o), 0);
+  EXPECT_TRUE(fs::exists(fresh));
 }
 
 TEST(BenchCli, RejectsNonPositiveRepeatsItersAndScale) {

@@ -122,4 +122,12 @@ TEST(Replay, DryRunPlansTheSameStepsWithoutAttention) {
   const nlohmann::json j = pt::replay_report_json(dry);
   EXPECT_NEAR(j["summary"]["roofline_floor_s"].get<double>(), floor, 1e-9 * floor);
   EXPECT_EQ(j["executor"], "none (--dry-run)");
+  EXPECT_TRUE(j["options"]["dry_run"].get<bool>());
+  // Nothing was timed: the measured figures are null, not zero.
+  for (const char* k : {"ratio_roofline", "achieved_tbps", "achieved_tflops", "decode_steps_tbps",
+                        "extend_steps_tflops", "generated_tokens_per_s"})
+    EXPECT_TRUE(j["summary"][k].is_null()) << k;
+  EXPECT_NEAR(j["summary"]["roofline_floor_decode_steps_s"].get<double>() +
+                  j["summary"]["roofline_floor_extend_steps_s"].get<double>(),
+              floor, 1e-9 * floor);
 }
