@@ -423,3 +423,50 @@ def test_replay_shapes_plan_and_a_file_without_target_shapes():
     # a results file holding none of the target shapes says so instead of a "no data" table
     assert "none of the target shapes" in PT.targets_section([])
     assert "no data" not in PT.targets_section([])
+
+
+# --- scripts/plot_replay.py ---------------------------------------------------------------
+
+def _report(steps, dry_run):
+    cols = {k: [] for k in ("step", "rows", "extend_rows", "decode_rows", "tokens", "kv_tokens", "attention_us",
+                            "floor_us", "bytes", "flops", "running", "waiting")}
+    cols["pages_in_use"] = [[]]
+    for i in range(steps):
+        for k in cols:
+            if k != "pages_in_use":
+                cols[k].append(0 if dry_run and k == "attention_us" else i + 1)
+        cols["pages_in_use"][0].append(10 + i)
+    cols["stride"] = 1
+    null = None if dry_run or steps == 0 else 1.0
+    return {"tool": "pagedmha replay", "device": "cpu", "truncated": steps == 0,
+            "options": {"pages_per_group": 100, "dry_run": dry_run},
+            "model": {"name": "m", "cache_groups": [{"name": "full_attention", "window_left": -1}]},
+            "summary": {"requests": 3, "finished": 0 if steps == 0 else 3, "steps": steps,
+                        "achieved_tbps": null, "achieved_tflops": null, "ratio_roofline": null,
+                        "roofline_floor_s": 0.5, "prefix_hit_rate": 0.0, "preemptions": 0},
+            "steps": cols}
+
+
+@pytest.mark.parametrize("steps,dry_run", [(0, False), (0, True), (5, True), (5, False)])
+def test_plot_replay_draws_dry_run_and_zero_step_reports(tmp_path, steps, dry_run):
+    pytest.importorskip("matplotlib")
+    import subprocess
+    rep = tmp_path / "r.json"
+    rep.write_text(json.dumps(_report(steps, dry_run)))
+    png = tmp_path / "r.png"
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_replay.py"), "-o", str(png), str(rep)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert png.stat().st_size > 0
+
+
+def test_plot_replay_unwritable_output_names_the_argument(tmp_path):
+    pytest.importorskip("matplotlib")
+    import subprocess
+    rep = tmp_path / "r.json"
+    rep.write_text(json.dumps(_report(3, False)))
+    out = tmp_path / "missing-dir" / "r.png"
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_replay.py"), "-o", str(out), str(rep)],
+                       capture_output=True, text=True)
+    assert p.returncode == 1
+    assert "-o/--output" in p.stderr and str(out) in p.stderr and "Traceback" not in p.stderr
