@@ -1,7 +1,7 @@
 """Tests of the benchmark's counting helpers (bench/metrics.py), its torch-free planning
 (bench/bench_attention.py), the table generator (scripts/perf_tables.py) and the
 replay plot (scripts/plot_replay.py).
-Standard library + pytest only: no torch, no GPU."""
+Standard library + pytest (the plot tests also need matplotlib): no torch, no GPU."""
 
 import importlib.util
 import itertools
