@@ -48,10 +48,12 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
   c->add_option("--trace", o.trace, "Trace file: Azure LLM inference CSV or Mooncake JSONL (default: the built-in "
                                     "seeded workload shaped like the Azure conversation trace)");
   c->add_option("--format", o.format, "Trace format: azure | mooncake | auto (auto: '{' first = mooncake)")
-      ->check(CLI::IsMember({"azure", "mooncake", "auto"}));
+      ->check(CLI::IsMember({"azure", "mooncake", "auto"}))
+      ->capture_default_str();
   c->add_option("--requests", o.requests, "Use the first N requests of the trace (built-in: generate N) [requests]")
       ->check(CLI::Range(int64_t{1}, kMaxReplayRequests));
-  c->add_option("--model", o.model, "Attention geometry: llama3-8b | llama3-70b | qwen2.5-7b | gpt-oss-20b | custom");
+  c->add_option("--model", o.model, "Attention geometry: llama3-8b | llama3-70b | qwen2.5-7b | gpt-oss-20b | custom "
+                                    "(default llama3-8b; on the CPU with 2 layers)");
   c->add_option("--layers", o.overrides.layers, "Override / custom: layers");
   c->add_option("--q-heads", o.overrides.q_heads, "Override / custom: query heads Hq");
   c->add_option("--kv-heads", o.overrides.kv_heads, "Override / custom: KV heads Hkv");
@@ -61,37 +63,44 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
   c->add_option("--sinks", o.overrides.sinks, "Override / custom: 1 = one sink logit per query head, 0 = none");
   c->add_option("--tp", o.overrides.tp, "Tensor-parallel ranks: serve one rank's heads (Hq / tp, Hkv / tp or 1)");
   c->add_option("--device", o.device, "auto | cpu | cuda (auto: the GPU when one is available)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
   c->add_option("--kv-dtype", o.kv_dtype, "KV cache dtype: bf16 | fp16 | fp8 (fp8 e4m3, per-layer scale 1/32; "
                                           "queries bf16)")
-      ->check(CLI::IsMember({"bf16", "fp16", "fp8"}));
-  c->add_option("--page-size", o.page_size, "Tokens per page (a divisor of 512 to use the prefix cache)");
+      ->check(CLI::IsMember({"bf16", "fp16", "fp8"}))
+      ->capture_default_str();
+  c->add_option("--page-size", o.page_size, "Tokens per page (a divisor of 512 to use the prefix cache)")
+      ->capture_default_str();
   c->add_option("--pages", o.pages, "Pages per cache group, including the reserved page 0 [pages]");
   c->add_option("--kv-memory", o.kv_memory_gb, "K/V memory of all layers when --pages is not given [GB = 1e9 bytes]")
       ->check(above(0, false));
   c->add_option("--token-budget", o.token_budget, "Query tokens per step: decode rows + prefill chunks [tokens]");
   c->add_option("--max-running", o.max_running, "Requests in flight (batch rows per step) [requests]");
   c->add_option("--spec-tokens", o.spec_tokens, "Speculative verify: N queries per decode row (1 = off) [1..8 tokens]")
-      ->check(CLI::Range(1, 8));
-  c->add_option("--accept-rate", o.accept_rate, "Probability each draft token is accepted (seeded) [0..1]");
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  c->add_option("--accept-rate", o.accept_rate, "Probability each draft token is accepted (seeded) [0..1]")
+      ->capture_default_str();
   c->add_flag("!--no-prefix-cache", o.prefix_cache, "Disable the prefix cache (Mooncake hash ids)");
   c->add_flag("!--no-cuda-graphs", o.cuda_graphs, "Run decode steps eagerly on the GPU");
   c->add_flag("--dry-run", o.dry_run, "Schedule only, with the GPU defaults: run no attention and no checks; reports the steps, "
               "bytes, flops and roofline floor of the trace (ceilings: the H200's)");
   c->add_option("--check-every", o.check_every, "Check sampled rows of every K-th step against the CPU reference "
                                                 "ops; 0 = off [steps]");
-  c->add_option("--check-rows", o.check_rows, "Batch rows checked per checked step [rows]");
+  c->add_option("--check-rows", o.check_rows, "Batch rows checked per checked step [rows]")->capture_default_str();
   c->add_option("--max-steps", o.max_steps, "Stop after this many steps (-1: run to completion) [steps]");
   c->add_option("--time-limit", o.time_limit_s, "Wall-clock limit: stop starting steps after this many seconds, "
                  "finish cleanly and write a report marked \"truncated\" [s]")
       ->check(above(0, true));
-  c->add_option("--seed", o.seed, "Seed of the workload, the token data and the acceptance model");
+  c->add_option("--seed", o.seed, "Seed of the workload, the token data and the acceptance model")
+      ->capture_default_str();
   c->add_option("--ceiling-read-tbps", o.ceiling_read_tbps, "Read-bandwidth ceiling of the roofline figures "
                  "(default on a GPU: the H200's measured 4.6; CPU: none) [TB/s]");
   c->add_option("--ceiling-tflops", o.ceiling_tflops, "Tensor-core ceiling of the roofline figures (default on a "
                  "GPU: the H200's measured bf16 GEMM 760; CPU: none) [TFLOP/s]");
   c->add_option("--json-steps", o.json_steps, "Per-step records kept in --json (evenly strided; the summary "
-                 "covers every step) [records]");
+                 "covers every step) [records]")
+      ->capture_default_str();
   c->add_option("--json", o.json, "Write the full report (summary and per-step records) to this file");
   c->add_flag("!--no-progress", o.progress, "No live progress on stderr");
   c->add_flag("--quiet", o.quiet, "No final table on stdout");
@@ -161,7 +170,7 @@ int run_cli(int argc, char** argv) {
   plot->add_option("--script", plot_script, "Path of plot_replay.py (default: the source tree's scripts/)");
 
   BenchOptions bench;
-  CLI::App* b = app.add_subcommand("bench", "Kernel micro-benchmarks of PERFORMANCE.md's standard shapes through "
+  CLI::App* b = app.add_subcommand("bench", "Kernel micro-benchmarks of the standard shapes (docs/performance.md) through "
                                             "the ops; writes JSON (results schema) to --out-dir");
   add_bench_options(*b, bench);
   CheckOptions check;

@@ -1,4 +1,4 @@
-// `pagedmha bench`: kernel micro-benchmarks of PERFORMANCE.md's standard shapes through
+// `pagedmha bench`: kernel micro-benchmarks of the standard shapes (docs/performance.md) through
 // the ops, written as JSON in the results schema.
 #pragma once
 

@@ -447,20 +447,22 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
                 {"kv_heads", r.model.num_kv_heads}, {"head_dim", r.model.head_dim}, {"sinks", r.model.sinks},
                 {"cache_groups", groups}};
   const SchedulerStats& s = r.sched;
+  // A dry run measures no time at all: its time figures are null.
+  const auto timed = [&](double x) { return o.dry_run ? json(nullptr) : json(x); };
   j["summary"] = {
       {"requests", r.requests}, {"finished", r.finished}, {"truncated", r.truncated}, {"steps", steps}, {"decode_steps", dec_steps},
       {"prompt_tokens", r.prompt_tokens}, {"output_tokens", r.output_tokens},
       {"prefill_tokens_computed", s.prefill_tokens}, {"decode_query_tokens", s.decode_tokens},
       {"generated_tokens", s.generated_tokens}, {"accepted_draft_tokens", s.accepted_draft_tokens},
-      {"attention_time_s", att}, {"attention_time_per_step_us", per_step_us(att, steps)},
-      {"attention_time_per_generated_token_us", s.generated_tokens ? att / s.generated_tokens * 1e6 : 0.0},
+      {"attention_time_s", timed(att)}, {"attention_time_per_step_us", timed(per_step_us(att, steps))},
+      {"attention_time_per_generated_token_us", timed(s.generated_tokens ? att / s.generated_tokens * 1e6 : 0.0)},
       {"generated_tokens_per_s", val(rate(double(s.generated_tokens), att))},
-      {"backend_metadata_host_time_per_step_us", per_step_us(meta, steps)},
-      {"backend_metadata_host_time_per_decode_step_us", per_step_us(dec_meta, dec_steps)},
-      {"backend_metadata_host_time_max_us", max_meta * 1e6},
-      {"tool_prepare_host_time_per_step_us", per_step_us(prep, steps)},
+      {"backend_metadata_host_time_per_step_us", timed(per_step_us(meta, steps))},
+      {"backend_metadata_host_time_per_decode_step_us", timed(per_step_us(dec_meta, dec_steps))},
+      {"backend_metadata_host_time_max_us", timed(max_meta * 1e6)},
+      {"tool_prepare_host_time_per_step_us", timed(per_step_us(prep, steps))},
       {"tool_scheduler_host_time_per_step_us", per_step_us(sched_s, steps)},
-      {"graph_capture_host_time_s", capture},
+      {"graph_capture_host_time_s", timed(capture)},
       {"bytes", bytes}, {"flops", flops}, {"achieved_tbps", val(tbps)}, {"achieved_tflops", val(tflops)},
       {"decode_steps_tbps", val(dec_tbps)}, {"extend_steps_tflops", val(ext_tflops)},
       {"ceilings", roofline ? json{{"read_tbps", o.ceiling_read_tbps}, {"tflops", o.ceiling_tflops}} : json(nullptr)},

@@ -51,7 +51,8 @@ Scheduler::Scheduler(const ModelSpec& model, const SchedulerConfig& config,
                     std::to_string(requests_[i].prompt_len) + " + " +
                     std::to_string(requests_[i].output_len) + " tokens) needs " +
                     std::to_string(need) + " pages of group " + g.name + ", the pool has " +
-                    std::to_string(cap) + "; give more --pages / --kv-memory or fewer tokens");
+                    std::to_string(cap) + " usable; give --pages >= " + std::to_string(need + 1) +
+                    " (page 0 is reserved), more --kv-memory or fewer tokens");
     }
   }
   block_streams_.resize(requests_.size());

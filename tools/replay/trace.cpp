@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -188,7 +189,11 @@ std::vector<Request> parse_mooncake_jsonl(const std::string& text, const std::st
 
 std::vector<Request> load_trace(const std::string& path, TraceFormat format, int64_t max_requests) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw_invalid_argument("replay", "--trace", "a readable file", path);
+  if (!in) {
+    std::error_code ec;
+    const std::string abs = std::filesystem::absolute(path, ec).string();
+    throw_invalid_argument("replay", "--trace", "a readable file", path + (ec || abs == path ? "" : " (" + abs + ")"));
+  }
   std::ostringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <numeric>
 
@@ -13,7 +14,11 @@ namespace pt = pagedmha::tools;
 
 namespace {
 
-std::string trace_path(const char* name) { return std::string(PAGEDMHA_TRACES_DIR) + "/" + name; }
+// The traces sit in ../shared/traces beside the checkout; PAGEDMHA_TRACES_DIR overrides.
+std::string trace_path(const char* name) {
+  const char* env = std::getenv("PAGEDMHA_TRACES_DIR");
+  return std::string(env && *env ? env : PAGEDMHA_TRACES_DIR) + "/" + name;
+}
 
 #define REQUIRE_TRACE(path) \
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "trace not present: " << path
