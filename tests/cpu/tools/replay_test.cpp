@@ -125,7 +125,8 @@ TEST(Replay, DryRunPlansTheSameStepsWithoutAttention) {
   EXPECT_TRUE(j["options"]["dry_run"].get<bool>());
   // Nothing was timed: the measured figures are null, not zero.
   for (const char* k : {"ratio_roofline", "achieved_tbps", "achieved_tflops", "decode_steps_tbps",
-                        "extend_steps_tflops", "generated_tokens_per_s"})
+                        "extend_steps_tflops", "generated_tokens_per_s", "attention_time_s",
+                        "attention_time_per_step_us", "backend_metadata_host_time_per_step_us"})
     EXPECT_TRUE(j["summary"][k].is_null()) << k;
   EXPECT_NEAR(j["summary"]["roofline_floor_decode_steps_s"].get<double>() +
                   j["summary"]["roofline_floor_extend_steps_s"].get<double>(),

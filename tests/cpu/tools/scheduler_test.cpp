@@ -157,6 +157,15 @@ TEST(Scheduler, RejectsARequestThatCanNeverFit) {
   c.page_size = 16;
   c.num_pages = 10;
   EXPECT_THROW(pt::Scheduler(small_model(-1), c, {{0.0, 1000, 10, {}}}), pagedmha::Error);
+  // The message names the --pages value that fits: ceil(1011 / 16) = 64 pages + page 0.
+  try {
+    pt::Scheduler(small_model(-1), c, {{0.0, 1000, 10, {}}});
+  } catch (const pagedmha::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 64 pages"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--pages >= 65"), std::string::npos) << e.what();
+  }
+  c.num_pages = 65;
+  EXPECT_NO_THROW(pt::Scheduler(small_model(-1), c, {{0.0, 1000, 10, {}}}));
 }
 
 TEST(TokenData, DeterministicPerStreamPositionLayer) {
