@@ -168,7 +168,10 @@ struct AttentionMetadata {
   /// tiles with one useful row; the leading batch - decode_rows rows through batch_prefill
   /// with max_q_len prefill_max_seq_len_q. Same results: a 1-query row at L - 1 sees the
   /// same keys either way. Falls back to one batch_prefill when the decode workspace was
-  /// not sized for this layer's geometry (config geometry or register_layers).
+  /// not sized for this layer's geometry (config geometry or register_layers). On CUDA the
+  /// decode rows run on a backend-owned side stream beside the prefill kernel, forked
+  /// from and joined back into config.stream inside the call (also under graph capture),
+  /// so callers still see one stream.
   int decode_rows = 0;
   int prefill_max_seq_len_q = 0;
 };
