@@ -53,6 +53,16 @@ pt::ReplayOptions tiny() {
   return o;
 }
 
+// The library's error text for these options ("no error" when the replay runs).
+std::string message(const pt::ReplayOptions& o) {
+  try {
+    pt::run_replay(o);
+  } catch (const pagedmha::Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 }  // namespace
 
 // A limit reached before the first step: no step runs, nothing finishes, and the report
@@ -120,14 +130,6 @@ TEST(ReplayCli, RejectsOutOfRangeArgumentsAsUsageErrors) {
 
 // The library validates the same bounds for callers that bypass the CLI.
 TEST(ReplayCli, LibraryRejectsTheSameValuesNamingTheArgument) {
-  auto message = [](pt::ReplayOptions o) {
-    try {
-      pt::run_replay(o);
-    } catch (const pagedmha::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   pt::ReplayOptions o = tiny();
   o.trace.clear();
   o.requests = 2'000'000'000;
@@ -147,14 +149,6 @@ TEST(ReplayCli, LibraryRejectsTheSameValuesNamingTheArgument) {
 // -1 means "the device default"; any other out-of-range value is an error naming its
 // argument and value, never a silent default, an overflow or another argument's name.
 TEST(ReplayCli, NegativeHugeAndNonFiniteValuesNameTheirArgument) {
-  auto message = [](pt::ReplayOptions o) {
-    try {
-      pt::run_replay(o);
-    } catch (const pagedmha::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   struct Case {
     const char* arg;
     void (*set)(pt::ReplayOptions&);
@@ -304,4 +298,14 @@ TEST(ReplayProgress, CompleteRunWithPrefixHitsEndsAtOneHundredPercent) {
   ASSERT_NE(end, std::string::npos) << err;
   const std::string last = err.substr(err.rfind('\n', end) + 1, end - err.rfind('\n', end));
   EXPECT_NE(last.find("(100.0%)"), std::string::npos) << last;
+}
+
+// --help shows the defaults of the options that have one.
+TEST(ReplayCli, HelpShowsDefaults) {
+  testing::internal::CaptureStdout();
+  cli({"replay", "--help"});
+  const std::string help = testing::internal::GetCapturedStdout();
+  for (const char* d : {"--page-size INT=16", "--kv-dtype TEXT:{bf16,fp16,fp8}=bf16", "--seed UINT=1",
+                        "--device TEXT:{auto,cpu,cuda}=auto", "--json-steps INT=2000"})
+    EXPECT_NE(help.find(d), std::string::npos) << d;
 }

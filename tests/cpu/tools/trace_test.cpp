@@ -148,3 +148,11 @@ TEST(DefaultWorkload, SeededAndShapedLikeAzureConversation) {
   EXPECT_NEAR(outputs[2000], 129, 12);
   EXPECT_NE(pt::default_workload(10, 6)[3].prompt_len, a[3].prompt_len);
 }
+
+// A relative --trace that is missing names both the path given and where it was looked for.
+TEST(Trace, MissingFileNamesTheResolvedPath) {
+  const std::string m = error_of([] { pt::load_trace("no-such-dir/trace.csv", pt::TraceFormat::automatic); });
+  EXPECT_NE(m.find("--trace"), std::string::npos) << m;
+  EXPECT_NE(m.find("no-such-dir/trace.csv"), std::string::npos) << m;
+  EXPECT_NE(m.find((std::filesystem::current_path() / "no-such-dir/trace.csv").string()), std::string::npos) << m;
+}
