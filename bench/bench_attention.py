@@ -153,6 +153,24 @@ def quick_plan() -> List[Case]:
     ]
 
 
+def prefill_plan() -> List[Case]:
+    """Issue 10's prefill rows: B*S = 16k causal for llama3-8b, gpt-oss (sinks) and gemma
+    (D = 256) at page 16 with the peers; page 1 and 64 against page 16; fp8 KV against
+    bf16 KV; the chunked-prefill batch (2k new over 6k cached); the replays' extend shapes."""
+    cases: List[Case] = []
+    for model in ("llama3-8b", "gpt-oss", "gemma"):
+        for s in (1024, K4, K16):
+            cases.append(Case("prefill", model, K16 // s, s, s, 16))
+        cases.append(Case("prefill", model, 8, K8, K2, 16))  # chunked
+    for model in ("llama3-8b", "gpt-oss"):
+        for p in (1, 64):
+            cases.append(Case("prefill", model, 4, K4, K4, p, peers=False))
+        cases.append(Case("prefill", model, 4, K4, K4, 16, "fp8_e4m3", peers=False))
+        cases.append(Case("prefill", model, 1, K16, K16, 16, "fp8_e4m3", peers=False))
+    cases.append(Case("prefill", "gemma", 4, K4, K4, 16, "fp8_e4m3", peers=False))
+    return cases + [c for c in replay_plan() if c.op == "prefill"]
+
+
 def replay_plan() -> List[Case]:
     """The shapes that dominate the trace replays (docs/perf-notes.md): Mooncake's 8k
     prefill chunks over a cached prefix, full-head and one TP-8 rank, bf16 against fp8 KV;
@@ -467,7 +485,10 @@ class Ours:
 
     def workspace(self, case: Case, dev):
         g = case.geom
-        size = int(self.m.decode_workspace_size(dev, case.batch, case.q_len, g["hq"], g["hkv"], g["d"]))
+        if case.op == "decode":
+            size = int(self.m.decode_workspace_size(dev, case.batch, case.q_len, g["hq"], g["hkv"], g["d"]))
+        else:
+            size = int(self.m.prefill_workspace_size(dev, case.batch, case.batch * case.q_len))
         return torch.empty(max(size, 1), device=dev, dtype=torch.uint8) if size else None
 
     def call(self, case: Case, s: InputSet, sinks, ws):
@@ -479,7 +500,7 @@ class Ours:
                                 case.page_size, case.q_len, s.out, workspace=ws, **kw)
         else:
             self.m.batch_prefill(s.q, s.k_arg, s.v_arg, s.page_table, s.seq_lens,
-                                 s.cu_seqlens_q, case.page_size, case.q_len, s.out, **kw)
+                                 s.cu_seqlens_q, case.page_size, case.q_len, s.out, workspace=ws, **kw)
 
 
 def peer_mask_mode(case: Case) -> str:
@@ -601,7 +622,7 @@ def run_case(case: Case, dev, ours: Optional[Ours], ours_error: Optional[str], c
         rec["error"] = ours_error or "pagedmha not importable"
     else:
         try:
-            ws = ours.workspace(case, dev) if case.op == "decode" else None
+            ws = ours.workspace(case, dev)
             for s in sets:
                 s.k_arg, s.v_arg = ours.cache_arg(s.k_pool), ours.cache_arg(s.v_pool)
                 s.out = torch.full_like(s.q, float("nan"))  # poison: every element must be written
@@ -724,6 +745,8 @@ def summary_table(records: List[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a handful of shapes (< 60 s)")
+    ap.add_argument("--prefill", action="store_true",
+                    help="the prefill rows (pages 1 / 16 / 64, fp8, gemma, chunked; *-attention-prefill-*)")
     ap.add_argument("--replay-shapes", action="store_true",
                     help="the shapes that dominate the trace replays (written as *-attention-replay-shapes-*)")
     ap.add_argument("--module-path", default=None,
@@ -777,7 +800,8 @@ def main(argv=None) -> int:
     log("ceilings: " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
                                     for k, v in ceilings.items()}))
 
-    cases = quick_plan() if args.quick else replay_plan() if args.replay_shapes else full_plan()
+    cases = (quick_plan() if args.quick else prefill_plan() if args.prefill
+             else replay_plan() if args.replay_shapes else full_plan())
     if args.filter:
         cases = [c for c in cases if re.search(args.filter, c.name)]
     records = []
@@ -810,7 +834,8 @@ def main(argv=None) -> int:
         "targets": M.evaluate_targets(records),
         "wall_s": round(time.time() - t0, 1),
     }
-    plan = "-quick" if args.quick else "-replay-shapes" if args.replay_shapes else ""
+    plan = ("-quick" if args.quick else "-prefill" if args.prefill
+            else "-replay-shapes" if args.replay_shapes else "")
     name = f"{M.gpu_slug(gpu)}-attention{plan}-{now:%Y%m%d}.json"
     text = json.dumps(doc, indent=1)
     dirs = [Path(args.out_dir)]

@@ -16,6 +16,13 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
 fi
 
+# CUTLASS/CuTe headers for the Hopper kernels (PyPI's nvidia-cutlass ships them under
+# cutlass_library/source/include; its Python dependencies are not needed).
+if ! "${PYTHON:-python3}" -c "import cutlass_library" >/dev/null 2>&1; then
+  echo "bootstrap: pip installing nvidia-cutlass==4.2.0.0 (headers)" >&2
+  "${PYTHON:-python3}" -m pip install -q --no-deps nvidia-cutlass==4.2.0.0
+fi
+
 # Python side (binding, tests, plots).
 py=${PYTHON:-python3}
 pips=(nanobind==3.1.0 scikit-build-core numpy pytest matplotlib)

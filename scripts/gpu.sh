@@ -5,21 +5,24 @@
 # Every stage runs even when an earlier one failed; the exit status is non-zero when
 # any stage failed.
 #
-#   scripts/gpu.sh [--cpu] [--no-tests] [--no-bench] [--no-sanitizer] [--reports]
+#   scripts/gpu.sh [--cpu] [--portable] [--no-tests] [--no-bench] [--no-sanitizer] [--reports]
 #     --cpu           also run the CPU suites (ctest -L cpu)
+#     --portable      also run the GPU suite on the portable (mma.sync) kernels, forced with
+#                     PAGEDMHA_KERNELS=portable (the Hopper kernels run by default on sm_90)
 #     --reports       also the backend host-overhead benchmark and the two trace replays
 #                     (traces read from $TRACES, default ../shared/traces)
 #   Environment: OUT (log folder; default build/gpu-out), JOBS (build jobs; default
-#   nproc), CTEST_JOBS (parallel test programs; default 4), BENCH_ARGS, TRACES,
+#   nproc), CTEST_JOBS (parallel test programs; default 4), CTEST_REGEX (ctest -R), BENCH_ARGS, TRACES,
 #   REPLAY_TIME_LIMIT (s, default 90), REPLAYS (e.g. "azure-conv-llama3-8b:400").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-run_cpu=0 run_tests=1 run_bench=1 run_sanitizer=1 run_reports=0
+run_cpu=0 run_portable=0 run_tests=1 run_bench=1 run_sanitizer=1 run_reports=0
 for arg in "$@"; do
   case $arg in
     --cpu) run_cpu=1 ;;
+    --portable) run_portable=1 ;;
     --no-bench) run_bench=0 ;;
     --no-tests) run_tests=0 ;;
     --no-sanitizer) run_sanitizer=0 ;;
@@ -50,6 +53,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"
 # --- configure + build ----------------------------------------------------------
 deps=()
 [ -d "$root/.deps" ] && deps=(-DPAGEDMHA_DEPS_DIR="$root/.deps")
+# CUTLASS/CuTe headers travel as a tarball (scripts/make_deps.sh).
+if [ -f "$root/.deps/cutlass-include.tar.gz" ] && [ ! -d "$root/.deps/cutlass/include/cute" ]; then
+  mkdir -p "$root/.deps/cutlass/include" && tar xzf "$root/.deps/cutlass-include.tar.gz" -C "$root/.deps/cutlass/include"
+fi
 t0=$(date +%s)
 log "configure ($build)"
 if cmake --preset cuda "${deps[@]}" >"$out/configure.log" 2>&1; then
@@ -65,15 +72,18 @@ fi
 
 # --- ctest ------------------------------------------------------------------------
 # Runs one label; records passed/failed per GoogleTest suite from the JUnit report.
+# run_ctest LABEL [NAME]: NAME (default LABEL) names the logs and summary rows.
 run_ctest() {
-  local label=$1 t
+  local label=$1 name=${2:-$1} t
   t=$(date +%s)
-  log "ctest -L $label"
-  ctest --test-dir "$build" -L "$label" -j "$ctest_jobs" --timeout 900 --output-on-failure \
-    --output-junit "$out/ctest-$label.xml" >"$out/ctest-$label.log" 2>&1
+  log "ctest -L $label ($name)"
+  local regex=()
+  [ -n "${CTEST_REGEX:-}" ] && regex=(-R "$CTEST_REGEX")
+  ctest --test-dir "$build" -L "$label" "${regex[@]}" -j "$ctest_jobs" --timeout 900 --output-on-failure \
+    --output-junit "$out/ctest-$name.xml" >"$out/ctest-$name.log" 2>&1
   local rc=$?
   local table
-  table=$(python3 - "$out/ctest-$label.xml" <<'EOF'
+  table=$(python3 - "$out/ctest-$name.xml" <<'EOF'
 import collections, sys, xml.etree.ElementTree as ET
 try:
     cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
@@ -93,16 +103,37 @@ EOF
   while IFS='|' read -r suite p f; do
     [ -n "$suite" ] || continue
     total_p=$((total_p + p)); total_f=$((total_f + f))
-    if [ "$f" -eq 0 ]; then note "  $label/$suite" ok "$p passed"; else note "  $label/$suite" FAILED "$p passed, $f failed"; fi
+    if [ "$f" -eq 0 ]; then note "  $name/$suite" ok "$p passed"; else note "  $name/$suite" FAILED "$p passed, $f failed"; fi
   done <<<"$table"
   if [ $rc -eq 0 ] && [ $((total_p + total_f)) -gt 0 ]; then
-    note "ctest -L $label" ok "$total_p passed in $(seconds_since "$t") s"
+    note "ctest -L $label ($name)" ok "$total_p passed in $(seconds_since "$t") s"
   else
-    note "ctest -L $label" FAILED "$total_p passed, $total_f failed (rc $rc) in $(seconds_since "$t") s, see ctest-$label.log"
+    note "ctest -L $label ($name)" FAILED "$total_p passed, $total_f failed (rc $rc) in $(seconds_since "$t") s, see ctest-$name.log"
   fi
 }
+
+# --- SASS of the Hopper kernels: HGMMA in every one, no local memory ---------------
+if [ -d "$build" ]; then
+  objs=$(find "$build/src" -path '*prefill_sm90*' -name '*.o' 2>/dev/null | sort)
+  if [ -n "$objs" ]; then
+    # shellcheck disable=SC2086
+    if python3 scripts/sass_check.py $objs >"$out/sass_check.log" 2>&1; then
+      note "sass check" ok "$(tail -n1 "$out/sass_check.log")"
+    else
+      note "sass check" FAILED "$(tail -n1 "$out/sass_check.log"), see sass_check.log"
+    fi
+  else
+    note "sass check" skipped "no Hopper kernel objects (built without CUTLASS?)"
+  fi
+fi
+
 if [ -d "$build" ] && [ $run_tests -eq 1 ]; then
   run_ctest gpu
+  if [ $run_portable -eq 1 ]; then
+    export PAGEDMHA_KERNELS=portable
+    run_ctest gpu gpu-portable
+    unset PAGEDMHA_KERNELS
+  fi
   [ $run_cpu -eq 1 ] && run_ctest cpu
 fi
 

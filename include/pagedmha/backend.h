@@ -307,7 +307,8 @@ class MhaBackend {
   BackendConfig config_;
   int max_num_pages_ = 0;
   int64_t max_rows_ = 0;  // max_bs * (block draft ? N : 1)
-  Buffer workspace_;
+  Buffer workspace_;          // batch_decode's (split-KV partials)
+  Buffer prefill_workspace_;  // batch_prefill's tile plan: its own, since mixed steps run both at once
   Buffer iota_buf_, iota_step_buf_, full_len_buf_;  // constants
   Buffer page_table_buf_, spec_seqlens_buf_, block_seqlens_buf_;
   Buffer ext_meta_buf_;              // device [cu_q (bs+1) | cu_k (bs+1) | prefix (bs)]

@@ -111,12 +111,21 @@ std::size_t decode_workspace_size(Device device, int64_t batch, int q_len_per_re
 /// seq_lens: int32 [batch], KV length L per request including the new tokens; the
 ///    prefix length is L - n. n > L makes the first n - L queries see no key.
 /// max_q_len: host upper bound of the query lengths (never read from the device).
+/// workspace: uint8 bytes, at least prefill_workspace_size(device, batch, total_q) (the
+///    longest-first tile plan of the Hopper kernel, written on the device); may be
+///    undefined when that size is 0 (always on the CPU).
 /// Other arguments as batch_decode. params.causal selects bottom-right causal masking.
 void batch_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                    const TensorView& page_table, const TensorView& seq_lens,
                    const TensorView& cu_seqlens_q, int page_size, int max_q_len,
                    const TensorView& out, const AttentionParams& params, const TensorView& lse = {},
-                   Stream stream = {});
+                   const TensorView& workspace = {}, Stream stream = {});
+
+/// Bytes of workspace batch_prefill needs on `device` for up to `batch` requests and
+/// `total_q` query rows in all (0 on the CPU): 16 + 16 * ceil((batch + 1) / 4) +
+/// 8 * (total_q + batch) on CUDA, whatever the head geometry, so one workspace sized for
+/// the largest step serves every step.
+std::size_t prefill_workspace_size(Device device, int64_t batch, int64_t total_q);
 
 /// Gathers per-request page tables from the engine's request-to-page table:
 /// out[r, c] = req_to_page[req_pool_indices[r], c] for c < ceil(seq_lens[r] / page_size)

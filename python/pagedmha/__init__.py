@@ -36,6 +36,7 @@ from ._pagedmha import (
     cuda_available,
     debug_validation,
     decode_workspace_size,
+    prefill_workspace_size,
     registered_backends,
     set_debug_validation,
 )
@@ -265,6 +266,7 @@ __all__ = [
     "cumsum_lengths",
     "debug_validation",
     "decode_workspace_size",
+    "prefill_workspace_size",
     "decode_write_slots",
     "extend_write_slots",
     "gather_page_table_with_padding",

@@ -86,18 +86,19 @@ def batch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   num_splits)
 
 
-@torch.library.custom_op("pagedmha::batch_prefill", mutates_args=("out", "lse"))
+@torch.library.custom_op("pagedmha::batch_prefill", mutates_args=("out", "lse", "workspace"))
 def _batch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    page_table: torch.Tensor, seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    page_size: int, max_q_len: int, out: torch.Tensor,
-                   lse: Optional[torch.Tensor], bmm1_scale: float = 1.0,
-                   bmm2_scale: float = 1.0, window_left: int = -1, logits_soft_cap: float = 0.0,
-                   sinks: Optional[torch.Tensor] = None, causal: bool = True) -> None:
+                   lse: Optional[torch.Tensor], workspace: Optional[torch.Tensor],
+                   bmm1_scale: float = 1.0, bmm2_scale: float = 1.0, window_left: int = -1,
+                   logits_soft_cap: float = 0.0, sinks: Optional[torch.Tensor] = None,
+                   causal: bool = True) -> None:
     _pm.batch_prefill(q, k_cache, v_cache, page_table, seq_lens,
                       cu_seqlens_q, page_size, max_q_len, out, bmm1_scale=bmm1_scale,
                       bmm2_scale=bmm2_scale, window_left=window_left,
                       logits_soft_cap=logits_soft_cap, sinks=sinks, causal=causal,
-                      lse=lse, stream=_stream(q))
+                      lse=lse, workspace=workspace, stream=_stream(q))
 
 
 def batch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -105,12 +106,20 @@ def batch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   page_size: int, max_q_len: int, out: torch.Tensor, bmm1_scale: float = 1.0,
                   bmm2_scale: float = 1.0, window_left: int = -1, logits_soft_cap: float = 0.0,
                   sinks: Optional[torch.Tensor] = None, causal: bool = True,
-                  lse: Optional[torch.Tensor] = None) -> None:
+                  lse: Optional[torch.Tensor] = None,
+                  workspace: Optional[torch.Tensor] = None) -> None:
     """Prefill / extend attention into out (and lse) (see pagedmha.batch_prefill); calls
-    ``torch.ops.pagedmha.batch_prefill``."""
+    ``torch.ops.pagedmha.batch_prefill``.
+
+    workspace: uint8, at least pagedmha.prefill_workspace_size(q.device, batch, total_q)
+    bytes; None on a CUDA device allocates one here (pass your own under CUDA-graph capture
+    or to avoid the allocation)."""
+    if workspace is None and q.is_cuda:
+        size = _pm.prefill_workspace_size(str(q.device), seq_lens.shape[0], q.shape[0])
+        workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=q.device)
     _batch_prefill(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, page_size,
-                   max_q_len, out, lse, bmm1_scale, bmm2_scale, window_left, logits_soft_cap,
-                   sinks, causal)
+                   max_q_len, out, lse, workspace, bmm1_scale, bmm2_scale, window_left,
+                   logits_soft_cap, sinks, causal)
 
 
 @torch.library.custom_op("pagedmha::gather_page_table_with_padding", mutates_args=("out",))
@@ -183,8 +192,8 @@ def _(q, k_cache, v_cache, page_table, seq_lens, page_size, q_len_per_req, out, 
 
 @_batch_prefill.register_fake
 def _(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, page_size, max_q_len, out, lse,
-      bmm1_scale=1.0, bmm2_scale=1.0, window_left=-1, logits_soft_cap=0.0, sinks=None,
-      causal=True):
+      workspace, bmm1_scale=1.0, bmm2_scale=1.0, window_left=-1, logits_soft_cap=0.0,
+      sinks=None, causal=True):
     _fake_attention("batch_prefill", q, out, lse)
 
 

@@ -108,10 +108,21 @@ Args:
     causal: True: bottom-right causal mask; False: every query sees all L keys (the window
         still bounds keys from the left).
     lse: optional fp32 [total_q, Hq].
+    workspace: uint8 buffer of at least prefill_workspace_size(device, batch, total_q) bytes
+        (the Hopper kernel's tile plan); None when that is 0 (CPU arrays).
     stream: as in append_kv.
 
 Raises:
     pagedmha.Error: naming the argument, the expectation and the value given.)";
+
+constexpr const char* kPrefillWorkspaceDoc = R"(Bytes of workspace batch_prefill needs.
+
+Args:
+    device: "cpu" or "cuda[:N]" (0 on the CPU).
+    batch: requests (>= 0). total_q: query rows of all requests (>= 0).
+
+Returns:
+    int: bytes; depends only on these sizes, so one buffer for the largest step serves all.)";
 
 constexpr const char* kGatherDoc = R"(Gathers per-request page tables from the engine's request-to-page table.
 
@@ -219,7 +230,7 @@ void bind_ops(nb::module_& m) {
          const ArrayArg& page_table, const ArrayArg& seq_lens, const ArrayArg& cu_seqlens_q,
          int page_size, int max_q_len, const ArrayArg& out, float bmm1_scale, float bmm2_scale,
          int window_left, float logits_soft_cap, const ArrayArg& sinks, bool causal,
-         const ArrayArg& lse, std::optional<std::uintptr_t> stream) {
+         const ArrayArg& lse, const ArrayArg& workspace, std::optional<std::uintptr_t> stream) {
         const Views view{"batch_prefill"};
         AttentionParams params =
             attention_params(view, bmm1_scale, bmm2_scale, window_left, logits_soft_cap, sinks);
@@ -227,16 +238,18 @@ void bind_ops(nb::module_& m) {
         const TensorView q_ = view("q", q), kc = view("k_cache", k_cache),
                          vc = view("v_cache", v_cache), pt = view("page_table", page_table),
                          sl = view("seq_lens", seq_lens), cu = view("cu_seqlens_q", cu_seqlens_q),
-                         o = view.out("out", out), l = view.out("lse", lse);
+                         o = view.out("out", out), l = view.out("lse", lse),
+                         ws = view.out("workspace", workspace);
         nb::gil_scoped_release release;
-        batch_prefill(q_, kc, vc, pt, sl, cu, page_size, max_q_len, o, params, l,
+        batch_prefill(q_, kc, vc, pt, sl, cu, page_size, max_q_len, o, params, l, ws,
                       to_stream(stream));
       },
       arg("q"), arg("k_cache"), arg("v_cache"), arg("page_table"), arg("seq_lens"),
       arg("cu_seqlens_q"), arg("page_size"), arg("max_q_len"), arg("out"), nb::kw_only(),
       arg("bmm1_scale") = 1.0f, arg("bmm2_scale") = 1.0f, arg("window_left") = -1,
       arg("logits_soft_cap") = 0.0f, arg("sinks").none() = nb::none(), arg("causal") = true,
-      arg("lse").none() = nb::none(), arg("stream").none() = nb::none(), kBatchPrefillDoc);
+      arg("lse").none() = nb::none(), arg("workspace").none() = nb::none(),
+      arg("stream").none() = nb::none(), kBatchPrefillDoc);
 
   m.def(
       "gather_page_table_with_padding",
@@ -309,6 +322,15 @@ void bind_ops(nb::module_& m) {
       },
       arg("device"), arg("batch"), arg("q_len_per_req"), arg("num_q_heads"), arg("num_kv_heads"),
       arg("head_dim"), kWorkspaceDoc);
+
+  m.def(
+      "prefill_workspace_size",
+      [](nb::handle device, int64_t batch, int64_t total_q) {
+        const Device d =
+            parse_device(nb::str(device).c_str(), "prefill_workspace_size", "device");
+        return prefill_workspace_size(d, batch, total_q);
+      },
+      arg("device"), arg("batch"), arg("total_q"), kPrefillWorkspaceDoc);
 
   m.def("set_debug_validation", &set_debug_validation, arg("enabled"),
         "Turns debug validation on or off (off by default; no cost when off): CUDA ops then also\n"

@@ -409,6 +409,11 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
       extend_write_slots(group_view(g), prefix_dev, cu_q_dev, P, slots, s);
       return slots;
     });
+    // The prefill kernel's tile plan, grown like the write slots (eager steps only).
+    const std::size_t plan = prefill_workspace_size(dev, bs, tq);
+    if (prefill_workspace_.bytes() < plan) {
+      prefill_workspace_ = Buffer(std::max(plan, 2 * prefill_workspace_.bytes()), dev);
+    }
     prefill_slot_ = &eager_prefill_;
     if (config_.is_draft) build_decode();  // the drafter's later single-token steps
     return;
@@ -565,6 +570,7 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
                  {}, workspace, stream);
   };
   if (md.ragged) {
+    const TensorView plan_ws = prefill_workspace_.bytes() > 0 ? prefill_workspace_.bytes_view() : TensorView{};
     // Trailing 1-query rows go to batch_decode when its workspace fits (it always does
     // once the geometry is registered); the prefill tiles then cover only the extend rows.
     const int64_t n_dec = md.decode_rows, n_pre = md.batch - n_dec, t_pre = T - n_dec;
@@ -572,7 +578,7 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
         n_dec > 0 && decode_workspace_size(dev, n_dec, 1, Hq, Hkv, D) <= workspace_.bytes();
     if (!split) {
       batch_prefill(q3, kv.k_cache, kv.v_cache, table, md.cache_seqlens, md.cu_seqlens_q, config_.page_size,
-                    md.max_seq_len_q, out3, params, {}, s);
+                    md.max_seq_len_q, out3, params, {}, plan_ws, s);
       return out2;
     }
     // On CUDA the two kernels share the GPU: the compute-bound prefill tiles go first, the
@@ -594,7 +600,7 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
     if (t_pre > 0) {
       batch_prefill(q3.slice(0, 0, t_pre), kv.k_cache, kv.v_cache, table.slice(0, 0, n_pre),
                     md.cache_seqlens.slice(0, 0, n_pre), md.cu_seqlens_q.slice(0, 0, n_pre + 1), config_.page_size,
-                    md.prefill_max_seq_len_q, out3.slice(0, 0, t_pre), params, {}, s);
+                    md.prefill_max_seq_len_q, out3.slice(0, 0, t_pre), params, {}, plan_ws, s);
     }
     decode(q3.slice(0, t_pre, n_dec), out3.slice(0, t_pre, n_dec), table.slice(0, n_pre, n_dec),
            md.cache_seqlens.slice(0, n_pre, n_dec), 1, aux);

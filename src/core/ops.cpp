@@ -325,18 +325,45 @@ std::size_t decode_workspace_size(Device device, int64_t batch, int q_len_per_re
 #endif
 }
 
+std::size_t prefill_workspace_size(Device device, int64_t batch, int64_t total_q) {
+  const ArgCheck chk("prefill_workspace_size");
+  chk.device_supported(device);
+  chk.int_at_least(batch, "batch", 0);
+  chk.int_at_least(total_q, "total_q", 0);
+  if (device.is_cpu()) return 0;
+#if PAGEDMHA_WITH_CUDA
+  return cuda::prefill_workspace_size(batch, total_q);
+#else
+  return 0;
+#endif
+}
+
 void batch_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                    const TensorView& page_table, const TensorView& seq_lens, const TensorView& cu_seqlens_q,
                    int page_size, int max_q_len, const TensorView& out, const AttentionParams& params,
-                   const TensorView& lse, Stream stream) {
+                   const TensorView& lse, const TensorView& workspace, Stream stream) {
   const ArgCheck chk("batch_prefill");
   detail::AttentionProblem p = resolve_attention(chk, q, k_cache, v_cache, page_table, seq_lens, page_size, out,
                                                  params, lse, {&cu_seqlens_q, "cu_seqlens_q"});
+  same_device(chk, p.device, {{&workspace, "workspace"}});
   chk.int32_vector(cu_seqlens_q, "cu_seqlens_q", p.device, static_cast<int64_t>(p.batch) + 1);
   chk.int_at_least(max_q_len, "max_q_len", p.num_rows > 0 ? 1 : 0);
   p.cu_seqlens_q = cu_seqlens_q.ptr<const int32_t>();
   p.max_q_len = max_q_len;
   p.stream = stream.handle;
+  if (workspace.defined()) {
+    chk.ndim(workspace, "workspace", 1);
+    chk.dtype(workspace, "workspace", DType::uint8);
+    chk.last_dim_contiguous(workspace, "workspace");
+    chk.aligned16(workspace, "workspace");
+    p.workspace = workspace.data;
+    p.workspace_bytes = static_cast<std::size_t>(workspace.size(0));
+  }
+  const std::size_t need = prefill_workspace_size(p.device, p.batch, p.num_rows);
+  if (p.workspace_bytes < need) {
+    chk.fail("workspace", "at least " + std::to_string(need) + " bytes (prefill_workspace_size)",
+             std::to_string(p.workspace_bytes) + " bytes");
+  }
   if (p.batch == 0 || p.num_rows == 0) {
     if (p.device.is_cpu()) check_attention_values(chk, p);
     return;

@@ -13,8 +13,9 @@ namespace pagedmha::cuda {
 void batch_decode(const detail::AttentionProblem& p);
 std::size_t decode_workspace_size(int device_index, int64_t batch, int q_len_per_req,
                                   int num_q_heads, int num_kv_heads, int head_dim);
-// prefill/
+// prefill/ (dispatching to prefill_sm90/ on Hopper)
 void batch_prefill(const detail::AttentionProblem& p);
+std::size_t prefill_workspace_size(int64_t batch, int64_t total_q);
 // kvcache/
 void append_kv(const detail::AppendKvProblem& p);
 // metadata/

@@ -527,7 +527,7 @@ inline void run_attention(const AttnProblem& p, const AttnViews& v, int num_spli
                            v.out, prm, v.lse, v.workspace, stream);
   } else {
     pagedmha::batch_prefill(v.q, v.k_cache, v.v_cache, v.page_table, v.seq_lens, v.cu_seqlens_q, p.c.page_size,
-                            p.max_q_len, v.out, prm, v.lse, stream);
+                            p.max_q_len, v.out, prm, v.lse, v.workspace, stream);
   }
 }
 

@@ -94,7 +94,8 @@ nlohmann::json run_shape(const Shape& s, Device dev, int iters, int repeats) {
   Buffer q = upload(qh.data(), qh.size() * 2), out(qh.size() * 2, dev);
   std::vector<float> sinks_h(Hq, 0.5f);
   Buffer sinks = upload(sinks_h.data(), sinks_h.size() * 4);
-  const std::size_t ws = decode ? decode_workspace_size(dev, B, s.q_len, Hq, Hkv, D) : 0;
+  const std::size_t ws = decode ? decode_workspace_size(dev, B, s.q_len, Hq, Hkv, D)
+                                : prefill_workspace_size(dev, B, int64_t{B} * s.q_len);
   Buffer work(std::max<std::size_t>(ws, 1), dev);
   AttentionParams prm;
   prm.bmm1_scale = 1.0f / std::sqrt(float(D));
@@ -109,7 +110,7 @@ nlohmann::json run_shape(const Shape& s, Device dev, int iters, int repeats) {
                    prm, {}, ws ? work.bytes_view() : TensorView{});
     else
       batch_prefill(qv, kv, vv, tb.view({B, pages_per_req}, DType::int32), sb.view({B}, DType::int32),
-                    cb.view({B + 1}, DType::int32), P, s.q_len, ov, prm);
+                    cb.view({B + 1}, DType::int32), P, s.q_len, ov, prm, {}, ws ? work.bytes_view() : TensorView{});
   };
   for (int w = 0; w < std::min(iters, 3); ++w) once(w % copies);  // warm-up
   synchronize();

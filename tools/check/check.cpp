@@ -124,7 +124,10 @@ Result run_attention_case(const AttnCase& c, Device dev, std::mt19937_64& rng) {
     batch_decode(qv, kv, vv, tv, sv, P, c.q_lens[0], ov, prm, {}, ws ? work.bytes_view() : TensorView{});
   } else {
     const int max_q = *std::max_element(c.q_lens.begin(), c.q_lens.end());
-    batch_prefill(qv, kv, vv, tv, sv, cu.view({B + 1}, DType::int32), P, max_q, ov, prm);
+    const std::size_t ws = prefill_workspace_size(dev, B, total_q);
+    Buffer work(std::max<std::size_t>(ws, 1), dev);
+    batch_prefill(qv, kv, vv, tv, sv, cu.view({B + 1}, DType::int32), P, max_q, ov, prm, {},
+                  ws ? work.bytes_view() : TensorView{});
   }
   synchronize();
   out.download();

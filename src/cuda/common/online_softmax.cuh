@@ -32,12 +32,11 @@ struct SoftmaxRows {
 
   /// s: NS m16n8 logit fragments of one KV tile, in log2 units once multiplied by
   /// `scale` (> 0; folded into the FFMA that feeds ex2), replaced by the probabilities
-  /// exp2(s * scale - m_new); acc: ND m16n8 output fragments, rescaled to m_new. The
-  /// rescale is skipped when no reference of the warp moved (alpha == 1: exact), the
-  /// common case once the integer reference has settled.
-  template <int NS, int ND>
-  __device__ __forceinline__ void update(float (&s)[NS][4], float (&acc)[ND][4], float scale = 1.0f) {
-    float alpha[2];
+  /// exp2(s * scale - m_new); alpha: the factor the output accumulated so far must be
+  /// multiplied by (exact: 0, 2^-k or 1). The wgmma consumers apply it once their P V of
+  /// the previous tile has landed (rescale()); update() does both at once.
+  template <int NS>
+  __device__ __forceinline__ void step(float (&s)[NS][4], float scale, float (&alpha)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = -INFINITY;
@@ -60,6 +59,12 @@ struct SoftmaxRows {
       }
       l[h] = l[h] * alpha[h] + sum;
     }
+  }
+
+  /// acc *= alpha per row; skipped when no reference of the warp moved (alpha == 1:
+  /// exact), the common case once the integer reference has settled.
+  template <int ND>
+  __device__ __forceinline__ static void rescale(float (&acc)[ND][4], const float (&alpha)[2]) {
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
       for (int i = 0; i < ND; ++i) {
@@ -67,6 +72,14 @@ struct SoftmaxRows {
         for (int e = 0; e < 4; ++e) acc[i][e] *= alpha[e >> 1];
       }
     }
+  }
+
+  /// step() then rescale() (the mma.sync mainloop: its P V of the tile follows at once).
+  template <int NS, int ND>
+  __device__ __forceinline__ void update(float (&s)[NS][4], float (&acc)[ND][4], float scale = 1.0f) {
+    float alpha[2];
+    step(s, scale, alpha);
+    rescale(acc, alpha);
   }
 
   /// Completes the row sums across the 4 threads that share a row.

@@ -154,11 +154,13 @@ TEST(BackendMixedStreams, PrefillBesideDecodeEqualsSequentialOpsEagerAndCaptured
   params.sinks = layer.sinks;
   const TensorView table(tab_d.buf.data(), DType::int32, dev, {bs, kCols});
   Buffer ws(decode_workspace_size(dev, n_dec, 1, Hq, Hkv, D), dev);
+  Buffer plan(prefill_workspace_size(dev, n_pre, t_pre), dev);
   for (int l = 0; l < kLayers; ++l) {
     append_kv(view3(k[l], T, Hkv), view3(v[l], T, Hkv), kv_s.k_cache, kv_s.v_cache, i32(slots_d, T), P, 1.0f, 1.0f, s);
     const TensorView o = view3(out_s, T, Hq, qn * l);
     batch_prefill(view3(q[l], T, Hq).slice(0, 0, t_pre), kv_s.k_cache, kv_s.v_cache, table.slice(0, 0, n_pre),
-                  i32(seq_d, n_pre), i32(cu_d, n_pre + 1), P, 700, o.slice(0, 0, t_pre), params, {}, s);
+                  i32(seq_d, n_pre), i32(cu_d, n_pre + 1), P, 700, o.slice(0, 0, t_pre), params, {}, plan.bytes_view(),
+                  s);
     batch_decode(view3(q[l], T, Hq).slice(0, t_pre, n_dec), kv_s.k_cache, kv_s.v_cache, table.slice(0, n_pre, n_dec),
                  i32(seq_d, n_dec, n_pre), P, 1, o.slice(0, t_pre, n_dec), params, {}, ws.bytes_view(), s);
   }

@@ -59,11 +59,12 @@ class DeviceMirror {
   std::map<std::shared_ptr<std::vector<uint8_t>>, Buffer> twins_;
 };
 
-/// A decode workspace for `p` filled with 0xFF (partial results never written read as
-/// NaN); empty for prefill or when none is needed.
+/// A workspace for `p` filled with 0xFF (decode: partial results never written read as
+/// NaN; prefill: a plan entry never written is a wild tile); empty when none is needed.
 inline Buffer poisoned_workspace(const AttnProblem& p) {
-  if (!p.c.decode) return {};
-  const size_t bytes = pagedmha::decode_workspace_size(gpu(), p.batch, p.c.q_len_per_req, p.c.Hq, p.c.Hkv, p.c.D);
+  const size_t bytes =
+      p.c.decode ? pagedmha::decode_workspace_size(gpu(), p.batch, p.c.q_len_per_req, p.c.Hq, p.c.Hkv, p.c.D)
+                 : pagedmha::prefill_workspace_size(gpu(), p.batch, p.rows);
   if (bytes == 0) return {};
   Buffer ws(bytes, gpu());
   pagedmha::fill_bytes(ws.data(), gpu(), 0xFF, bytes);

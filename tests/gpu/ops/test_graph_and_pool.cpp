@@ -169,7 +169,9 @@ TEST(GpuLargePool, PageIdsAbove65535) {
   for (bool decode : {false, true}) {
     const HostTensor out = make_tensor(DType::bf16, {n, Hq, D});
     if (!decode) {
-      pagedmha::batch_prefill(dev.view(q), kc, vc, tv, lens, dev.view(make_int32({0, n})), P, n, dev.view(out), params);
+      const Buffer ws(pagedmha::prefill_workspace_size(gpu(), 1, n), gpu());
+      pagedmha::batch_prefill(dev.view(q), kc, vc, tv, lens, dev.view(make_int32({0, n})), P, n, dev.view(out), params,
+                              {}, ws.bytes_view());
     } else {  // the 7 queries as a verify step of one request
       const size_t bytes = pagedmha::decode_workspace_size(gpu(), 1, n, Hq, Hkv, D);
       const Buffer ws(std::max<size_t>(bytes, 16), gpu());

@@ -121,6 +121,23 @@ TEST(GpuPrefill, LongerPromptsAndChunks) {
   check_case(c);
 }
 
+// A 128k context (TESTING.md's long case): queries at the end of a 128k prefix, a tail
+// page ending mid-page, one request with an exact page edge, a window reaching far back.
+TEST(GpuPrefill, Context128k) {
+  REQUIRE_GPU();
+  AttnCase c = gpu_case(/*decode=*/false);
+  c.kv_lens = {131072 + 9, 131072};
+  c.q_lens = {40, 17};
+  c.seed = 2350;
+  c.name = "128k context";
+  check_case(c);
+  c.window_left = 100000;
+  c.release_window_pages = true;
+  c.seed = 2351;
+  c.name = "128k context, window 100000";
+  check_case(c);
+}
+
 // Prefill of a prompt == prefill of its last 120 queries with the rest as prefix.
 TEST(GpuPrefill, ChunkedEqualsWhole) {
   REQUIRE_GPU();

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Reads the SASS of the Hopper attention kernels and fails when one is off its path.
+
+For every kernel whose name matches --kernels (default: the sm_90a prefill kernel) in
+the given object files or executables (cuobjdump --dump-sass), it reports:
+  * HGMMA instructions (none: the kernel is not on wgmma),
+  * local-memory traffic (STL / LDL), split by role: the consumer warpgroups run the code
+    before the producer's `USETMAXREG.DEALLOC`, the producer the code after it,
+  * the highest register each role touches (against the setmaxnreg budgets).
+Exit status 1 when any kernel has no HGMMA or any STL / LDL, 2 when nothing matched.
+
+  python3 scripts/sass_check.py build/cuda/src/CMakeFiles/pagedmha.dir/cuda/prefill_sm90/*.o
+"""
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+
+
+def kernels(sass: str):
+    """(name, lines) per function in cuobjdump's listing."""
+    name, body = None, []
+    for line in sass.splitlines():
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            if name:
+                yield name, body
+            name, body = m.group(1), []
+        elif name:
+            body.append(line)
+    if name:
+        yield name, body
+
+
+def max_reg(lines):
+    top = -1
+    for l in lines:
+        for r in re.findall(r"\bR(\d+)\b", l):
+            top = max(top, int(r))
+    return top + 1
+
+
+def analyse(lines):
+    split = next((i for i, l in enumerate(lines) if "USETMAXREG.DEALLOC" in l), len(lines))
+    cons, prod = lines[:split], lines[split:]
+    count = lambda ls, op: sum(1 for l in ls if re.search(r"\b" + op + r"\b", l))
+    return {
+        "hgmma": count(lines, r"HGMMA\.[\w.]+"),
+        "stl_ldl_consumer": count(cons, r"(STL|LDL)(\.\w+)*"),
+        "stl_ldl_producer": count(prod, r"(STL|LDL)(\.\w+)*"),
+        "regs_consumer": max_reg(cons),
+        "regs_producer": max_reg(prod),
+        "instructions": sum(1 for l in lines if re.match(r"\s*/\*[0-9a-f]{4,}\*/", l)),
+    }
+
+
+def demangle(names):
+    cxxfilt = shutil.which("c++filt")
+    if not cxxfilt:
+        return names
+    out = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
+    return out if len(out) == len(names) else names
+
+
+def short(name):
+    m = re.search(r"PrefillPolicy<(\d+), (true|false)>, (\w+), (\w+)>", name)
+    if m:
+        return f"prefill D={m.group(1)} T={m.group(3).strip('_')} KV={m.group(4).strip('_')}"
+    return name[:90]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="+", help="object files or executables with sm_90a code")
+    ap.add_argument("--kernels", default=r"sm90.*prefill_kernel", help="regex over mangled kernel names")
+    ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
+    args = ap.parse_args()
+    rows, bad = [], 0
+    for f in args.files:
+        res = subprocess.run([args.cuobjdump, "--dump-sass", f], capture_output=True, text=True)
+        if res.returncode != 0:
+            print(f"sass_check: {args.cuobjdump} failed on {f}: {res.stderr.strip()[:200]}", file=sys.stderr)
+            return 2
+        for name, lines in kernels(res.stdout):
+            if re.search(args.kernels, name):
+                rows.append((name, analyse(lines)))
+    if not rows:
+        print("sass_check: no kernel matched", args.kernels, file=sys.stderr)
+        return 2
+    names = demangle([n for n, _ in rows])
+    print(f"{'kernel':44} {'HGMMA':>6} {'STL/LDL c':>9} {'STL/LDL p':>9} {'regs c':>6} {'regs p':>6} {'instr':>6}  verdict")
+    for (name, a), pretty in zip(rows, names):
+        ok = a["hgmma"] > 0 and a["stl_ldl_consumer"] == 0 and a["stl_ldl_producer"] == 0
+        bad += not ok
+        print(f"{short(pretty):44} {a['hgmma']:6} {a['stl_ldl_consumer']:9} {a['stl_ldl_producer']:9} "
+              f"{a['regs_consumer']:6} {a['regs_producer']:6} {a['instructions']:6}  {'ok' if ok else 'FAIL'}")
+    print(f"sass_check: {len(rows) - bad} of {len(rows)} kernels ok")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

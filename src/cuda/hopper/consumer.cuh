@@ -1,0 +1,259 @@
+// The consumer warpgroups of the Hopper kernels: each owns 64 rows of the query tile and
+// runs S = Q K^T (wgmma, both operands in shared memory) and O += P V (wgmma, P from
+// registers) over the KV tiles, last first, with the online softmax in registers:
+//   * intra-warpgroup overlap: QK of tile j is issued together with P V of tile j - 1,
+//     and the softmax of tile j runs while that P V is in flight;
+//   * ping-pong: the two warpgroups take turns issuing (named barriers), so one's
+//     softmax overlaps the other's GEMMs.
+// The Variant (mask, logits transform, finalisation) is a template parameter; tiles
+// inside the keys every row sees skip the mask.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/convert.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/hopper/params.cuh"
+#include "cuda/hopper/sm90.cuh"
+
+namespace pagedmha::cuda::sm90 {
+
+/// The attention variant on the device: docs/semantics.md section 1 through MaskVariant
+/// (visible keys) plus the logits transform and the sink. Runtime fields; a variant with
+/// compile-time flags (FA3's Is_causal / Has_softcap) can replace it where that pays.
+struct DeviceVariant {
+  const AttentionArgs& a;
+
+  /// tanh(x) = 1 - 2 / (e^2x + 1): ex2 and rcp, no branches (tanhf's registers would
+  /// spill at D = 256); absolute error a few ulp of 1, which is what c * tanh needs.
+  __device__ __forceinline__ static float tanh_fast(float x) {
+    return 1.0f - __fdividef(2.0f, fast_exp2(x * (2.0f * kLog2e)) + 1.0f);
+  }
+
+  /// Turns raw logits into log2 units; returns the scale left to fold into the softmax's
+  /// FFMA (1 when applied here). Soft-cap: c * tanh(s * scale / c).
+  template <int NS>
+  __device__ __forceinline__ float transform(float (&s)[NS][4]) const {
+    if (a.cap_log2 > 0.0f) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[i][e] = a.cap_log2 * tanh_fast(s[i][e] * a.cap_inner);
+      }
+      return 1.0f;
+    }
+    if (a.logit_scale_log2 > 0.0f) return a.logit_scale_log2;
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i][e] *= a.logit_scale_log2;
+    }
+    return 1.0f;
+  }
+
+  /// The sink of query head h in log2 units (-inf when absent).
+  __device__ __forceinline__ float sink_log2(int h) const {
+    return a.sinks != nullptr ? a.sinks[h] * kLog2e : -INFINITY;
+  }
+};
+
+/// One of the thread's two rows (g and g + 8 of its warp's 16): its token in the tile
+/// (its head is head0 + row % pack), or -1 for padding rows.
+struct RowInfo {
+  int tok;
+  __device__ bool valid() const { return tok >= 0; }
+};
+
+template <class Pol, class T, class Variant>
+struct Consumer {
+  static constexpr int D = Pol::kHeadDim, BN = Pol::kBlockN, BM = Pol::kBlockM, S = Pol::kStages;
+
+  const Sm90Params& p;
+  const SmemLayout<Pol> sm;  // by value: a reference would put it in local memory
+  int wg;    // 0 or 1: rows [64 wg, 64 wg + 64)
+  int ltid;  // 0..127 within the warpgroup
+
+  __device__ void turn_wait() const {
+    if constexpr (Pol::kPingPong) named_sync(kBarTurn0 + wg, 256);
+  }
+  __device__ void turn_pass() const {
+    if constexpr (Pol::kPingPong) named_arrive(kBarTurn0 + (wg ^ 1), 256);
+  }
+  __device__ void release(uint64_t* bar) const {
+    if ((ltid & 31) == 0) arrive(bar);
+  }
+
+  __device__ void issue_qk(float (&s)[BN / 8][4], int slot) const {
+    const uint32_t q = smem_addr(sm.q()) + wg * 64 * 128;
+    const uint32_t k = smem_addr(sm.k(slot));
+    fence_operand(s);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      // k16 step kk: panel kk / 4, 32 bytes per step inside the panel's 128-byte rows.
+      const uint32_t off = (kk % 4) * 32;
+      gmma_ss<BN, T>(s, desc_k_major(q + (kk / 4) * BM * 128 + off), desc_k_major(k + (kk / 4) * BN * 128 + off),
+                     kk > 0);
+    }
+    cute::warpgroup_commit_batch();
+  }
+
+  __device__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[BN / 16][4], int slot) const {
+    const uint32_t v = smem_addr(sm.v(slot));
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) gmma_rs<D, T>(o, pa[kk], desc_mn_major(v + kk * 16 * 128, BN * 128));
+    cute::warpgroup_commit_batch();
+  }
+
+  /// Masks the keys of a boundary tile that a row does not see (every key for padding
+  /// rows); the rows' spans are recomputed here, so no registers hold them across tiles.
+  __device__ void mask(float (&s)[BN / 8][4], int key0, const QueryTile& t, const RowInfo (&ri)[2]) const {
+    const int t4 = ltid & 3;
+    int lo[2], hi[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      narrow(p.space.mask.row(t.L, int64_t{t.p0} + ri[h].tok), lo[h], hi[h]);
+      if (!ri[h].valid()) lo[h] = hi[h] = 0;
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + i * 8 + 2 * t4 + (e & 1);
+        if (key < lo[e >> 1] || key >= hi[e >> 1]) s[i][e] = -INFINITY;
+      }
+    }
+  }
+
+  __device__ static void pack_p(uint32_t (&pa)[BN / 16][4], const float (&s)[BN / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+  }
+
+  __device__ void run() {
+    const Variant var{p.a};
+    PipeState<S> ks, vs;
+    uint32_t q_phase = 0;
+    const int warp = ltid >> 5, g = (ltid & 31) >> 2;
+    if (Pol::kPingPong && wg == 1) named_arrive(kBarTurn0, 256);  // warpgroup 0 goes first
+    float s[BN / 8][4];
+    uint32_t pa[BN / 16][4];
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i][e] = 0.0f;
+    }
+    const int total = *p.count * p.a.num_kv_heads * p.head_groups;
+    const int rows = p.space.tokens * p.pack;
+    for (int item = blockIdx.x; item < total; item += gridDim.x) {
+      const QueryTile t = query_tile(p.space, p.list, item, p.a.num_kv_heads, p.head_groups, p.a.group, p.pack);
+      RowInfo ri[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wg * 64 + warp * 16 + g + 8 * h;
+        ri[h].tok = r < rows && r / p.pack < t.n_tok ? r / p.pack : -1;
+      }
+      float o[D / 8][4];
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+      }
+      SoftmaxRows smx;
+      smx.init();
+      const int n = t.keys.end - t.keys.begin;
+      if (n > 0) {
+        wait(sm.q_full(), q_phase);
+        q_phase ^= 1;
+        float alpha[2];
+        // Tile 0 (the last key tile): S alone.
+        turn_wait();
+        wait(sm.k_full(ks.slot), ks.phase);
+        issue_qk(s, ks.slot);
+        turn_pass();
+        cute::warpgroup_wait<0>();
+        fence_operand(s);
+        release(sm.k_empty(ks.slot));
+        ks.advance();
+        if (n == 1) release(sm.q_empty());
+        softmax(var, s, t.keys.end - 1, t, ri, smx, alpha);
+        pack_p(pa, s);
+        for (int j = 1; j < n; ++j) {
+          turn_wait();
+          wait(sm.k_full(ks.slot), ks.phase);
+          issue_qk(s, ks.slot);
+          wait(sm.v_full(vs.slot), vs.phase);
+          issue_pv(o, pa, vs.slot);
+          turn_pass();
+          cute::warpgroup_wait<1>();  // S of tile j
+          fence_operand(s);
+          release(sm.k_empty(ks.slot));
+          ks.advance();
+          if (j == n - 1) release(sm.q_empty());
+          softmax(var, s, t.keys.end - 1 - j, t, ri, smx, alpha);
+          cute::warpgroup_wait<0>();  // P V of tile j - 1
+          fence_operand(o);
+          fence_operand(pa);
+          release(sm.v_empty(vs.slot));
+          vs.advance();
+          SoftmaxRows::rescale(o, alpha);
+          pack_p(pa, s);
+        }
+        turn_wait();
+        wait(sm.v_full(vs.slot), vs.phase);
+        issue_pv(o, pa, vs.slot);
+        turn_pass();
+        cute::warpgroup_wait<0>();
+        fence_operand(o);
+        fence_operand(pa);
+        release(sm.v_empty(vs.slot));
+        vs.advance();
+      }
+      epilogue(var, t, ri, o, smx);
+    }
+    if (Pol::kPingPong && wg == 0) named_sync(kBarTurn0, 256);  // warpgroup 1's last pass
+  }
+
+  __device__ void softmax(const Variant& var, float (&s)[BN / 8][4], int tile, const QueryTile& t,
+                          const RowInfo (&ri)[2], SoftmaxRows& smx, float (&alpha)[2]) const {
+    const float fold = var.transform(s);
+    const int key0 = tile * BN;
+    if (!(key0 >= t.keys.common_lo && key0 + BN <= t.keys.common_hi)) mask(s, key0, t, ri);
+    smx.step(s, fold, alpha);
+  }
+
+  /// Direct output: o = acc * scale (sink counted once, empty rows 0), lse in natural log.
+  __device__ void epilogue(const Variant& var, const QueryTile& t, const RowInfo (&ri)[2], float (&o)[D / 8][4],
+                           SoftmaxRows& smx) const {
+    smx.finish();
+    const int t4 = ltid & 3;
+    const int warp = ltid >> 5, g = (ltid & 31) >> 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!ri[h].valid()) continue;
+      const int head = t.head0 + (wg * 64 + warp * 16 + g + 8 * h) % p.pack;
+      float scale, lse;
+      finalize_softmax(smx.m[h], smx.l[h], var.sink_log2(head), p.a.bmm2_scale, scale, lse);
+      const int64_t row = int64_t{t.q_row0} + ri[h].tok;
+      T* out = static_cast<T*>(p.a.out) + row * p.a.out_row_stride + int64_t{head} * p.a.out_head_stride;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t4) = pack2<T>(o[i][2 * h] * scale, o[i][2 * h + 1] * scale);
+      }
+      if (t4 == 0 && p.a.lse != nullptr) {
+        p.a.lse[row * p.a.lse_row_stride + int64_t{head} * p.a.lse_head_stride] = lse;
+      }
+    }
+  }
+};
+
+}  // namespace pagedmha::cuda::sm90

@@ -1,0 +1,63 @@
+// Kernel parameters and shared-memory layout of the warp-specialised Hopper attention
+// kernels (one producer warpgroup, two consumer warpgroups; see prefill_sm90/).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "cuda/common/attention_args.cuh"
+#include "cuda/hopper/schedule.cuh"
+
+namespace pagedmha::cuda::sm90 {
+
+/// Passed as a __grid_constant__ parameter (the tensor maps must live in parameter or
+/// global memory for TMA).
+struct Sm90Params {
+  CUtensorMap tm_q;  // [rows][Hq][D] 16-bit, box [tokens][pack][64], 128B swizzle
+  CUtensorMap tm_k;  // [pages][page_size][Hkv][D], box [1][kv_box_rows][1][64], 128B swizzle
+  CUtensorMap tm_v;
+  AttentionArgs a;
+  TileSpace space;
+  const int2* list;  // plan: query tiles in the order to run them
+  const int* count;  // plan: number of list entries
+  int pack;          // query heads per tile (GQA packing)
+  int head_groups;   // group / pack
+  int kv_box_rows;   // rows of one K / V TMA box
+  bool tma_q, tma_kv;
+};
+
+/// Shared memory of one CTA, carved from a 1024-byte aligned base: Q, the K and V rings
+/// (16-bit, swizzled), the fp8 staging slots, then the mbarriers.
+template <class Pol>
+struct SmemLayout {
+  static constexpr int S = Pol::kStages;
+  char* base;
+
+  __device__ explicit SmemLayout(char* raw)
+      : base(reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023})) {}
+
+  __device__ char* q() const { return base; }
+  __device__ char* k(int s) const { return base + Pol::kQBytes + s * Pol::kTileBytes; }
+  __device__ char* v(int s) const { return base + Pol::kQBytes + (S + s) * Pol::kTileBytes; }
+  __device__ char* raw(int r) const { return base + Pol::kQBytes + 2 * S * Pol::kTileBytes + r * Pol::kRawBytes; }
+  __device__ uint64_t* bars() const {
+    return reinterpret_cast<uint64_t*>(base + Pol::kQBytes + 2 * S * Pol::kTileBytes +
+                                       Pol::kRawSlots * Pol::kRawBytes);
+  }
+  __device__ uint64_t* q_full() const { return bars(); }
+  __device__ uint64_t* q_empty() const { return bars() + 1; }
+  __device__ uint64_t* k_full(int s) const { return bars() + 2 + s; }
+  __device__ uint64_t* k_empty(int s) const { return bars() + 2 + S + s; }
+  __device__ uint64_t* v_full(int s) const { return bars() + 2 + 2 * S + s; }
+  __device__ uint64_t* v_empty(int s) const { return bars() + 2 + 3 * S + s; }
+  static constexpr int kNumBars = 2 + 4 * S;
+  static_assert(kNumBars * 8 <= Pol::kBarrierBytes, "barrier space");
+};
+
+// Named barriers (0 is __syncthreads): the consumers' turn-taking, the producer warpgroup.
+constexpr int kBarTurn0 = 1;      // consumer warpgroup 0 may issue its GEMMs (bar 2: warpgroup 1)
+constexpr int kBarProducer = 3;   // the 128 producer threads
+constexpr int kConsumerWarps = 8;  // arrivals on every empty barrier (one per consumer warp)
+
+}  // namespace pagedmha::cuda::sm90

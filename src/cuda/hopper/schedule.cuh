@@ -1,0 +1,180 @@
+// The persistent grid's work: query tiles (request b, tile m of its tokens, KV head, head
+// group), ordered longest first across the whole batch by a one-CTA plan kernel that
+// writes them into the caller's workspace. The producer and the consumers of a CTA walk
+// the same sequence (item blockIdx.x, + gridDim.x, ...), so they agree on every tile
+// without talking.
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+#include "cuda/prefill_sm90/policy.h"
+#include "pagedmha/variant.h"
+
+namespace pagedmha::cuda::sm90 {
+
+/// What the plan and the kernels need to enumerate query tiles.
+struct TileSpace {
+  const int32_t* cu_seqlens_q;
+  const int32_t* seq_lens;
+  int batch;
+  int tokens;       // tokens per query tile
+  int block_n;      // keys per KV tile
+  MaskVariant mask;
+};
+
+/// KV tiles [begin, end) that query tile m of request b reads, and the keys every one of
+/// its rows sees (tiles inside need no mask).
+struct TileKeys {
+  int begin, end;
+  int span_lo, span_hi;      // keys any row sees (loaded; everything else in the tiles is zero or masked)
+  int common_lo, common_hi;  // keys every row sees (clamped to >= 0: keys are)
+};
+
+/// A variant's key span in 32 bits (keys and positions of one request fit: lengths are int32).
+__device__ __forceinline__ void narrow(const KeySpan& s, int& lo, int& hi) {
+  lo = static_cast<int>(s.lo);
+  hi = static_cast<int>(s.hi > 0 ? s.hi : 0);
+}
+
+/// Element x of the order the producer loads and the consumers use K / V tiles of a
+/// query tile with n KV tiles (tile j = KV tile end - 1 - j, the last one first):
+/// K0, K1, V0, K2, V1, ..., K_{n-1}, V_{n-2}, V_{n-1}.
+__device__ __forceinline__ void kv_order(int x, int n, int& j, bool& is_v) {
+  if (x == 0) {
+    j = 0, is_v = false;
+  } else if (x == 2 * n - 1) {
+    j = n - 1, is_v = true;
+  } else if (x & 1) {
+    j = (x + 1) / 2, is_v = false;
+  } else {
+    j = x / 2 - 1, is_v = true;
+  }
+}
+
+__device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int n, int m) {
+  const int t0 = m * s.tokens;
+  const int t1 = (t0 + s.tokens < n ? t0 + s.tokens : n) - 1;  // last token of the tile
+  const int64_t p0 = int64_t{L} - n + t0, p1 = int64_t{L} - n + t1;
+  TileKeys k;
+  narrow(s.mask.rows_union(L, p0, p1), k.span_lo, k.span_hi);
+  narrow(s.mask.rows_common(L, p0, p1), k.common_lo, k.common_hi);
+  if (k.span_hi <= k.span_lo) {
+    k.begin = k.end = 0;
+  } else {
+    k.begin = k.span_lo / s.block_n;
+    k.end = (k.span_hi + s.block_n - 1) / s.block_n;
+  }
+  return k;
+}
+
+/// One CTA of kPlanThreads: tiles per request, their prefix, then a counting sort of all
+/// tiles by descending KV-tile count (bucketed; order within a bucket is free: every tile
+/// is computed whole by one CTA, so the result does not depend on it).
+template <int kThreads, int kBuckets>
+__global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char* workspace) {
+  using Scan = cub::BlockScan<int, kThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ int bucket[kBuckets];
+  __shared__ int carry;
+  int* count = reinterpret_cast<int*>(workspace);
+  int* prefix = reinterpret_cast<int*>(workspace + PlanLayout::prefix_offset());
+  int2* list = reinterpret_cast<int2*>(workspace + PlanLayout::list_offset(s.batch));
+  const int tid = threadIdx.x;
+
+  // 1. prefix[b] = tiles of requests before b.
+  if (tid == 0) carry = 0;
+  __syncthreads();
+  for (int base = 0; base < s.batch; base += kThreads) {
+    const int b = base + tid;
+    int tiles = 0;
+    if (b < s.batch) {
+      const int n = s.cu_seqlens_q[b + 1] - s.cu_seqlens_q[b];
+      tiles = n > 0 ? (n + s.tokens - 1) / s.tokens : 0;
+    }
+    int excl, total;
+    Scan(scan_tmp).ExclusiveSum(tiles, excl, total);
+    if (b < s.batch) prefix[b] = carry + excl;
+    __syncthreads();
+    if (tid == 0) carry += total;
+    __syncthreads();
+  }
+  const int total = carry;
+  if (tid == 0) prefix[s.batch] = total;
+  for (int i = tid; i < kBuckets; i += kThreads) bucket[i] = 0;
+  __syncthreads();
+
+  // Tile i -> (b, m) by a binary search of the prefix; its bucket (0 = most KV tiles).
+  auto locate = [&](int i, int& b, int& m) {
+    int lo = 0, hi = s.batch - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (prefix[mid] <= i) lo = mid; else hi = mid - 1;
+    }
+    b = lo;
+    m = i - prefix[b];
+    const int n = s.cu_seqlens_q[b + 1] - s.cu_seqlens_q[b];
+    const int L = s.seq_lens[b] > 0 ? s.seq_lens[b] : 0;
+    const TileKeys k = tile_keys(s, L, n, m);
+    const int cost = k.end - k.begin;
+    return kBuckets - 1 - (cost < kBuckets - 1 ? cost : kBuckets - 1);
+  };
+  // 2. histogram, 3. bucket offsets, 4. scatter.
+  for (int i = tid; i < total; i += kThreads) {
+    int b, m;
+    atomicAdd(&bucket[locate(i, b, m)], 1);
+  }
+  __syncthreads();
+  constexpr int kPer = kBuckets / kThreads;
+  static_assert(kBuckets % kThreads == 0, "buckets per thread");
+  int v[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) v[j] = bucket[tid * kPer + j];
+  __syncthreads();
+  Scan(scan_tmp).ExclusiveSum(v, v);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) bucket[tid * kPer + j] = v[j];
+  __syncthreads();
+  for (int i = tid; i < total; i += kThreads) {
+    int b, m;
+    const int key = locate(i, b, m);
+    list[atomicAdd(&bucket[key], 1)] = make_int2(b, m);
+  }
+  if (tid == 0) *count = total;
+}
+
+/// One work item of the persistent grid, everything both roles derive from it.
+struct QueryTile {
+  int b, m, kv_head, head0;  // request, tile index, KV head, first of the tile's `pack` query heads
+  int q_row0;                // q / out row of the tile's first token
+  int n_tok;                 // tokens in the tile
+  int L, p0;                 // KV length; position of the first token (L - n + m * tokens; < 0 when n > L)
+  TileKeys keys;
+};
+
+/// Item `item` of the sorted plan: entry item / (Hkv * head_groups) of the list; the KV
+/// head and the head group (of `pack` query heads) from the rest, so the items of one
+/// entry are adjacent (equal cost).
+__device__ __forceinline__ QueryTile query_tile(const TileSpace& s, const int2* list, int item, int num_kv_heads,
+                                                int head_groups, int group, int pack) {
+  const int per = num_kv_heads * head_groups;
+  const int2 e = list[item / per];
+  const int r = item % per;
+  QueryTile t;
+  t.b = e.x;
+  t.m = e.y;
+  t.kv_head = r / head_groups;
+  t.head0 = t.kv_head * group + (r % head_groups) * pack;
+  const int q0 = s.cu_seqlens_q[t.b];
+  const int n = s.cu_seqlens_q[t.b + 1] - q0;
+  t.L = s.seq_lens[t.b] > 0 ? s.seq_lens[t.b] : 0;
+  const int tok0 = t.m * s.tokens;
+  t.q_row0 = q0 + tok0;
+  t.n_tok = n - tok0 < s.tokens ? n - tok0 : s.tokens;
+  t.p0 = t.L - n + tok0;
+  t.keys = tile_keys(s, t.L, n, t.m);
+  return t;
+}
+
+}  // namespace pagedmha::cuda::sm90

@@ -1,0 +1,164 @@
+// sm_90a building blocks for the Hopper kernels, on top of CUTLASS/CuTe's PTX wrappers
+// (cute/arch: wgmma atoms, TMA copies; cutlass/arch: mbarriers, setmaxnreg): array
+// forms of the warpgroup MMAs, shared-memory matrix descriptors for the 128-byte
+// swizzled tiles the loaders write, pipeline state, and named barriers.
+//
+// Tile layout shared by every operand (Q, K, V, in 16-bit elements): a tile of R rows and
+// C columns is C / 64 panels of [R][64]; a panel row is 128 bytes, and 16-byte chunk c of
+// row r sits at chunk c ^ (r % 8) (TMA's SWIZZLE_128B; GMMA's B128 layout). Panels and
+// tiles start on 1024-byte boundaries.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <utility>
+
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+namespace pagedmha::cuda::sm90 {
+
+namespace gmma = cute::SM90::GMMA;
+
+/// Byte offset of 16-byte chunk c (of a 16-bit row with 8 * panels chunks) of row r in a
+/// tile of `rows` rows laid out as above.
+__device__ __forceinline__ uint32_t tile_offset(int rows, int r, int c) {
+  return static_cast<uint32_t>((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// ---- GMMA (wgmma) --------------------------------------------------------------------
+
+/// Descriptor of a K-major B128 operand starting at `addr` (rows 128 B apart, 8-row
+/// groups 1024 B apart; the leading offset is unused for swizzled K-major layouts).
+/// Advancing k by 16 elements inside a panel adds 32 bytes to the start address.
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
+  return static_cast<uint64_t>((addr >> 4) & 0x3FFF) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+/// Descriptor of an MN-major B128 operand (V as the B of P V: N = head dim along the
+/// 128-byte rows, K = keys down the rows): 8-key groups 1024 B apart (stride offset),
+/// 64-column panels `panel_bytes` apart (leading offset). 16 keys further = +2048 B.
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t panel_bytes) {
+  return static_cast<uint64_t>((addr >> 4) & 0x3FFF) | (static_cast<uint64_t>((panel_bytes >> 4) & 0x3FFF) << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+template <int N, class T>
+struct GmmaOps;
+#define PAGEDMHA_GMMA_OPS(N, TN, CT)                                                  \
+  template <>                                                                         \
+  struct GmmaOps<N, CT> {                                                             \
+    using SS = gmma::MMA_64x##N##x16_F32##TN##TN##_SS<gmma::Major::K, gmma::Major::K>;  \
+    using RS = gmma::MMA_64x##N##x16_F32##TN##TN##_RS<gmma::Major::K, gmma::Major::MN>; \
+  };
+PAGEDMHA_GMMA_OPS(64, BF16, __nv_bfloat16)
+PAGEDMHA_GMMA_OPS(128, BF16, __nv_bfloat16)
+PAGEDMHA_GMMA_OPS(256, BF16, __nv_bfloat16)
+PAGEDMHA_GMMA_OPS(64, F16, __half)
+PAGEDMHA_GMMA_OPS(128, F16, __half)
+PAGEDMHA_GMMA_OPS(256, F16, __half)
+#undef PAGEDMHA_GMMA_OPS
+
+template <class Op, std::size_t... I>
+__device__ __forceinline__ void gmma_ss_call(uint64_t a, uint64_t b, float (&d)[sizeof...(I) / 4][4],
+                                             gmma::ScaleOut scale, std::index_sequence<I...>) {
+  Op::fma(a, b, d[I / 4][I % 4]..., scale);
+}
+
+template <class Op, std::size_t... I>
+__device__ __forceinline__ void gmma_rs_call(const uint32_t (&a)[4], uint64_t b, float (&d)[sizeof...(I) / 4][4],
+                                             std::index_sequence<I...>) {
+  Op::fma(a[0], a[1], a[2], a[3], b, d[I / 4][I % 4]..., gmma::ScaleOut::One);
+}
+
+/// d (64 x N per warpgroup, fp32; [N / 8][4]: the m16n8 accumulator layout per warp) =
+/// A(smem) * B(smem)^T (+ d when `accumulate`); one k16 step.
+template <int N, class T>
+__device__ __forceinline__ void gmma_ss(float (&d)[N / 8][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  gmma_ss_call<typename GmmaOps<N, T>::SS>(desc_a, desc_b, d, accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero,
+                                           std::make_index_sequence<N / 2>{});
+}
+
+/// d += A(registers: the m16n8k16 A fragment of each warp's 16 rows) * B(smem, MN-major).
+template <int N, class T>
+__device__ __forceinline__ void gmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+  gmma_rs_call<typename GmmaOps<N, T>::RS>(a, desc_b, d, std::make_index_sequence<N / 2>{});
+}
+
+/// Keeps the compiler from moving register reads / writes across the asynchronous MMAs.
+template <int M, int N>
+__device__ __forceinline__ void fence_operand(float (&x)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) cute::warpgroup_fence_operand(x[i][j]);
+  }
+}
+template <int M, int N>
+__device__ __forceinline__ void fence_operand(uint32_t (&x)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) cute::warpgroup_fence_operand(x[i][j]);
+  }
+}
+
+// ---- barriers ------------------------------------------------------------------------
+
+using Barrier = cutlass::arch::ClusterBarrier;
+using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+
+/// (slot, phase) of a ring of mbarrier-guarded buffers. Consumers wait on full[slot] for
+/// `phase`; the producer waits on empty[slot] for phase ^ 1 (a fresh barrier counts its
+/// previous phase as complete, so the first round passes).
+template <int kSlots>
+struct PipeState {
+  int slot = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++slot == kSlots) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+__device__ __forceinline__ void wait(uint64_t* bar, uint32_t phase) { Barrier::wait(bar, phase); }
+__device__ __forceinline__ void arrive(uint64_t* bar) { Barrier::arrive(bar); }
+__device__ __forceinline__ void expect_tx(uint64_t* bar, uint32_t bytes) { TxBarrier::expect_transaction(bar, bytes); }
+
+/// Arrives on `bar` once this thread's cp.async copies so far have landed (counts as one
+/// of the barrier's arrivals).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) { cutlass::arch::cpasync_barrier_arrive_noinc(bar); }
+
+/// Generic-proxy shared-memory writes of this thread become visible to TMA / GMMA reads.
+__device__ __forceinline__ void fence_async_smem() { cutlass::arch::fence_view_async_shared(); }
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- TMA -----------------------------------------------------------------------------
+
+constexpr uint64_t kEvictLast = 0x14F0000000000000ull;   // K / V: re-read by other query tiles
+constexpr uint64_t kEvictFirst = 0x12F0000000000000ull;  // Q: read once
+
+__device__ __forceinline__ void tma_load_3d(const CUtensorMap* map, uint64_t* bar, void* dst, int c0, int c1, int c2,
+                                            uint64_t hint) {
+  cute::SM90_TMA_LOAD_3D::copy(map, bar, hint, dst, c0, c1, c2);
+}
+__device__ __forceinline__ void tma_load_4d(const CUtensorMap* map, uint64_t* bar, void* dst, int c0, int c1, int c2,
+                                            int c3, uint64_t hint) {
+  cute::SM90_TMA_LOAD_4D::copy(map, bar, hint, dst, c0, c1, c2, c3);
+}
+
+}  // namespace pagedmha::cuda::sm90

@@ -1,0 +1,111 @@
+// Every tile size, stage count and heuristic of the Hopper prefill kernel, with its
+// reason. Plain C++ (host and device): the launcher, the workspace bound and the kernel
+// read the same numbers.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedmha/variant.h"  // PAGEDMHA_HD
+
+namespace pagedmha::cuda::sm90 {
+
+/// Compile-time shape of one instantiation (head dim D, fp8 or 16-bit cache).
+template <int D, bool Fp8Kv>
+struct PrefillPolicy {
+  static constexpr int kHeadDim = D;
+  static constexpr bool kFp8Kv = Fp8Kv;
+  // 128 query rows per CTA: two consumer warpgroups of 64 rows (wgmma's M). A third
+  // consumer warpgroup at D = 64 (FA3's 192 rows) is left for later: it needs
+  // 3 x 128 x ~160 registers and the producer's share.
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kBlockM = 64 * kConsumerWarpgroups;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128; 64 at
+  // D = 256, whose O accumulator alone is 128 registers per thread.
+  static constexpr int kBlockN = D == 256 ? 64 : 128;
+  // K and V stages (each its own ring). Two are enough for the compute-bound shapes
+  // (FA3 uses two at D = 128); D = 64 tiles are half the bytes and shorter to compute,
+  // so a third stage covers more latency.
+  static constexpr int kStages = D == 64 ? 3 : 2;
+  // fp8 caches land raw (BN x D bytes) in two staging slots the producer warpgroup
+  // converts from into the 16-bit stages.
+  static constexpr int kRawSlots = Fp8Kv ? 2 : 0;
+  // setmaxnreg: 384 threads start with 168 registers (64K / 384, rounded down to 8);
+  // the producer warpgroup gives some up and the consumers take them: 128 x 56 +
+  // 256 x 224 = 64,512 up to D = 128 (consumers need ~215); D = 256 consumers need more
+  // (O alone is 128 registers): 128 x 40 + 256 x 232.
+  static constexpr int kProducerRegs = D == 256 ? 40 : 56;
+  static constexpr int kConsumerRegs = D == 256 ? 232 : 224;
+  // Two consumer warpgroups take turns issuing their GEMMs (named barriers), so one's
+  // softmax overlaps the other's tensor-core work; within a warpgroup, QK of tile j + 1
+  // is issued before the softmax of tile j.
+  static constexpr bool kPingPong = true;
+
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage (16-bit)
+  static constexpr int kRawBytes = kBlockN * D;       // one fp8 staging slot
+  static constexpr int kBarrierBytes = 256;
+  static constexpr int kSmemBytes =
+      1024 /* alignment slack */ + kQBytes + 2 * kStages * kTileBytes + kRawSlots * kRawBytes + kBarrierBytes;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+/// Query heads packed into one tile with their tokens (GQA packing): the G heads of a
+/// KV head share every K / V tile, so short extends fill 128 rows with G x n rows and
+/// long prompts cut the diagonal band (tiles span 128 / G tokens). The largest divisor
+/// of G up to 16 (a TMA box dimension; tiles keep >= 8 tokens).
+inline int gqa_pack(int group) {
+  for (int p = group < 16 ? group : 16; p > 1; --p) {
+    if (group % p == 0) return p;
+  }
+  return 1;
+}
+
+/// Tokens of one request per query tile.
+inline int tokens_per_tile(int block_m, int pack) { return block_m / pack; }
+
+/// Rows of one TMA box of K / V: a page, or a tile when pages hold several tiles.
+inline int kv_box_rows(int page_size, int block_n) { return page_size < block_n ? page_size : block_n; }
+
+/// Whether K / V tiles can be loaded with one TMA box per page (per tile when a page
+/// holds several): 16-bit cache, pages of a multiple of 8 rows that either divide the
+/// tile or are a multiple of it (boxes never straddle a page, every box starts on a
+/// 1024-byte swizzle boundary), 16-byte aligned base and strides, and coordinates that
+/// fit the tensor map's 32-bit dims. Otherwise the producer gathers rows with cp.async.
+inline bool kv_tma_ok(bool fp8, int page_size, int block_n, const void* k, const void* v, int64_t page_stride_bytes_k,
+                      int64_t token_stride_bytes_k, int64_t head_stride_bytes_k, int64_t page_stride_bytes_v,
+                      int64_t token_stride_bytes_v, int64_t head_stride_bytes_v, int64_t num_pages) {
+  if (fp8) return false;  // fp8 tiles go through the producer's conversion (cp.async raw loads)
+  if (page_size % 8 != 0) return false;
+  if (!(block_n % page_size == 0 || page_size % block_n == 0)) return false;
+  const auto a16 = [](int64_t x) { return x > 0 && x % 16 == 0 && x < (int64_t{1} << 40); };
+  if (!a16(page_stride_bytes_k) || !a16(token_stride_bytes_k) || !a16(head_stride_bytes_k)) return false;
+  if (!a16(page_stride_bytes_v) || !a16(token_stride_bytes_v) || !a16(head_stride_bytes_v)) return false;
+  if (reinterpret_cast<uintptr_t>(k) % 16 != 0 || reinterpret_cast<uintptr_t>(v) % 16 != 0) return false;
+  return num_pages > 0 && num_pages < (int64_t{1} << 31);
+}
+
+/// Whether Q (16-bit) can be loaded with TMA boxes of [tokens][pack heads][64].
+inline bool q_tma_ok(bool fp8_q, int64_t row_stride_bytes, int64_t head_stride_bytes, int64_t rows) {
+  if (fp8_q) return false;
+  const auto a16 = [](int64_t x) { return x > 0 && x % 16 == 0 && x < (int64_t{1} << 40); };
+  return a16(row_stride_bytes) && a16(head_stride_bytes) && rows < (int64_t{1} << 31);
+}
+
+/// Workspace of the plan (all offsets 16-byte aligned): the count of query tiles, the
+/// per-request tile prefix, then the tiles (b, m) in the order to run them.
+struct PlanLayout {
+  static constexpr int64_t kHeader = 16;
+  PAGEDMHA_HD static int64_t prefix_offset() { return kHeader; }
+  PAGEDMHA_HD static int64_t list_offset(int64_t batch) { return kHeader + ((4 * (batch + 1) + 15) / 16) * 16; }
+  /// Bytes for `batch` requests and `total_q` query rows (a request of n queries has at
+  /// most ceil(n / tokens) <= n + 1 tiles), whatever the head geometry.
+  PAGEDMHA_HD static int64_t bytes(int64_t batch, int64_t total_q) { return list_offset(batch) + 8 * (total_q + batch); }
+};
+
+/// Cost buckets of the longest-first tile order (KV tiles a query tile reads; longer
+/// ones share the last bucket).
+constexpr int kPlanBuckets = 2048;
+constexpr int kPlanThreads = 1024;
+
+}  // namespace pagedmha::cuda::sm90
