@@ -64,10 +64,13 @@ def demangle(names):
 
 
 def short(name):
-    m = re.search(r"PrefillPolicy<(\d+), (true|false)>, (\w+), (\w+)>", name)
+    m = re.search(r"PrefillPolicy<(\d+), (true|false)>, (\w+), (\w+), (true|false)>", name)
     if m:
-        return f"prefill D={m.group(1)} T={m.group(3).strip('_')} KV={m.group(4).strip('_')}"
-    return name[:90]
+        load = "tma" if m.group(5) == "true" else "gather"
+        t = m.group(3).strip("_").replace("nv_bfloat16", "bf16").replace("half", "fp16")
+        kv = m.group(4).strip("_").replace("nv_bfloat16", "bf16").replace("half", "fp16").replace("nv_fp8_e4m3", "fp8")
+        return f"prefill D={m.group(1)} {t}/{kv} {load}"
+    return name[:44]
 
 
 def main():

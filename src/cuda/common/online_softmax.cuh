@@ -35,8 +35,12 @@ struct SoftmaxRows {
   /// exp2(s * scale - m_new); alpha: the factor the output accumulated so far must be
   /// multiplied by (exact: 0, 2^-k or 1). The wgmma consumers apply it once their P V of
   /// the previous tile has landed (rescale()); update() does both at once.
-  template <int NS>
+  /// kLean (the Hopper consumers): the clamp of the exponent to <= 0, needed only when a
+  /// logit overflows to +inf (then the reference is FLT_MAX), runs only in warps where
+  /// that happened; below it the exponent is <= 0 up to one rounding of the product.
+  template <int NS, bool kLean = false>
   __device__ __forceinline__ void step(float (&s)[NS][4], float scale, float (&alpha)[2]) {
+    float ref[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = -INFINITY;
@@ -47,15 +51,28 @@ struct SoftmaxRows {
       mx = fmaxf(m[h], mx * scale);  // scale > 0: max commutes with it
       // A logit overflowing to +inf counts as FLT_MAX (SEMANTICS): the reference stays
       // finite and the clamp below gives such keys exp2(0) = 1 instead of inf - inf.
-      const float ref = mx == -INFINITY ? 0.0f : fminf(ceilf(mx), FLT_MAX);
-      alpha[h] = fast_exp2(m[h] - ref);  // exact: 0, 2^-k or 1
-      m[h] = mx == -INFINITY ? -INFINITY : ref;
-      float sum = 0.0f;
+      ref[h] = mx == -INFINITY ? 0.0f : fminf(ceilf(mx), FLT_MAX);
+      alpha[h] = fast_exp2(m[h] - ref[h]);  // exact: 0, 2^-k or 1
+      m[h] = mx == -INFINITY ? -INFINITY : ref[h];
+    }
+    const bool clamp = !kLean || __any_sync(0xffffffffu, ref[0] == FLT_MAX || ref[1] == FLT_MAX);
 #pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        s[i][2 * h] = fast_exp2(fminf(fmaf(s[i][2 * h], scale, -ref), 0.0f));
-        s[i][2 * h + 1] = fast_exp2(fminf(fmaf(s[i][2 * h + 1], scale, -ref), 0.0f));
-        sum += s[i][2 * h] + s[i][2 * h + 1];
+    for (int h = 0; h < 2; ++h) {
+      float sum = 0.0f;
+      if (clamp) {
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+          s[i][2 * h] = fast_exp2(fminf(fmaf(s[i][2 * h], scale, -ref[h]), 0.0f));
+          s[i][2 * h + 1] = fast_exp2(fminf(fmaf(s[i][2 * h + 1], scale, -ref[h]), 0.0f));
+          sum += s[i][2 * h] + s[i][2 * h + 1];
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+          s[i][2 * h] = fast_exp2(fmaf(s[i][2 * h], scale, -ref[h]));
+          s[i][2 * h + 1] = fast_exp2(fmaf(s[i][2 * h + 1], scale, -ref[h]));
+          sum += s[i][2 * h] + s[i][2 * h + 1];
+        }
       }
       l[h] = l[h] * alpha[h] + sum;
     }

@@ -60,13 +60,6 @@ struct DeviceVariant {
   }
 };
 
-/// One of the thread's two rows (g and g + 8 of its warp's 16): its token in the tile
-/// (its head is head0 + row % pack), or -1 for padding rows.
-struct RowInfo {
-  int tok;
-  __device__ bool valid() const { return tok >= 0; }
-};
-
 template <class Pol, class T, class Variant>
 struct Consumer {
   static constexpr int D = Pol::kHeadDim, BN = Pol::kBlockN, BM = Pol::kBlockM, S = Pol::kStages;
@@ -82,11 +75,26 @@ struct Consumer {
   __device__ void turn_pass() const {
     if constexpr (Pol::kPingPong) named_arrive(kBarTurn0 + (wg ^ 1), 256);
   }
+  int cluster, peer;  // CTAs per cluster; the other CTA's rank (cluster of two)
+
+  /// A consumed K / V stage: its producer may refill it once the consumers of every CTA
+  /// it multicasts to are done with it.
   __device__ void release(uint64_t* bar) const {
-    if ((ltid & 31) == 0) arrive(bar);
+    if ((ltid & 31) == 0) {
+      arrive(bar);
+      if (cluster == 2) Barrier::arrive(bar, peer, 1u);
+    }
+  }
+  /// Q is this CTA's own.
+  __device__ void release_q() const {
+    if ((ltid & 31) == 0) arrive(sm.q_empty());
   }
 
   __device__ void issue_qk(float (&s)[BN / 8][4], int slot) const {
+    if constexpr (PAGEDMHA_SM90_DIAG == 2) {
+      cute::warpgroup_commit_batch();
+      return;
+    }
     const uint32_t q = smem_addr(sm.q()) + wg * 64 * 128;
     const uint32_t k = smem_addr(sm.k(slot));
     fence_operand(s);
@@ -102,6 +110,10 @@ struct Consumer {
   }
 
   __device__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[BN / 16][4], int slot) const {
+    if constexpr (PAGEDMHA_SM90_DIAG == 2) {
+      cute::warpgroup_commit_batch();
+      return;
+    }
     const uint32_t v = smem_addr(sm.v(slot));
     cute::warpgroup_arrive();
 #pragma unroll
@@ -109,15 +121,25 @@ struct Consumer {
     cute::warpgroup_commit_batch();
   }
 
+  /// Row h (0, 1) of the thread: row g + 8h of its warp's 16 in the warpgroup's 64.
+  __device__ int row(int h) const { return wg * 64 + (ltid >> 5) * 16 + ((ltid & 31) >> 2) + 8 * h; }
+  /// Its token in the tile (its head is head0 + row % pack), or -1 for a padding row.
+  /// Recomputed where needed: no registers hold it across the KV tiles.
+  __device__ int row_token(const QueryTile& t, int h) const {
+    const int r = row(h);
+    return r < p.space.tokens * p.pack && r / p.pack < t.n_tok ? r / p.pack : -1;
+  }
+
   /// Masks the keys of a boundary tile that a row does not see (every key for padding
-  /// rows); the rows' spans are recomputed here, so no registers hold them across tiles.
-  __device__ void mask(float (&s)[BN / 8][4], int key0, const QueryTile& t, const RowInfo (&ri)[2]) const {
+  /// rows).
+  __device__ void mask(float (&s)[BN / 8][4], int key0, const QueryTile& t) const {
     const int t4 = ltid & 3;
     int lo[2], hi[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      narrow(p.space.mask.row(t.L, int64_t{t.p0} + ri[h].tok), lo[h], hi[h]);
-      if (!ri[h].valid()) lo[h] = hi[h] = 0;
+      const int tok = row_token(t, h);
+      narrow(p.space.mask.row(t.L, int64_t{t.p0} + tok), lo[h], hi[h]);
+      if (tok < 0) lo[h] = hi[h] = 0;
     }
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i) {
@@ -143,7 +165,6 @@ struct Consumer {
     const Variant var{p.a};
     PipeState<S> ks, vs;
     uint32_t q_phase = 0;
-    const int warp = ltid >> 5, g = (ltid & 31) >> 2;
     if (Pol::kPingPong && wg == 1) named_arrive(kBarTurn0, 256);  // warpgroup 0 goes first
     float s[BN / 8][4];
     uint32_t pa[BN / 16][4];
@@ -152,16 +173,11 @@ struct Consumer {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[i][e] = 0.0f;
     }
-    const int total = *p.count * p.a.num_kv_heads * p.head_groups;
-    const int rows = p.space.tokens * p.pack;
-    for (int item = blockIdx.x; item < total; item += gridDim.x) {
-      const QueryTile t = query_tile(p.space, p.list, item, p.a.num_kv_heads, p.head_groups, p.a.group, p.pack);
-      RowInfo ri[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = wg * 64 + warp * 16 + g + 8 * h;
-        ri[h].tok = r < rows && r / p.pack < t.n_tok ? r / p.pack : -1;
-      }
+    const Walk walk(p);
+    cluster = p.cluster;
+    peer = walk.rank ^ 1;
+    for (int item = walk.first; item < walk.total; item += walk.stride) {
+      const QueryTile t = walk.tile(p, item);
       float o[D / 8][4];
 #pragma unroll
       for (int i = 0; i < D / 8; ++i) {
@@ -175,41 +191,45 @@ struct Consumer {
         wait(sm.q_full(), q_phase);
         q_phase ^= 1;
         float alpha[2];
-        // Tile 0 (the last key tile): S alone.
-        turn_wait();
+        // Tile 0 (the last key tile): S alone. Loads are waited for before taking the
+        // turn, so a warpgroup never holds it while its data is in flight.
         wait(sm.k_full(ks.slot), ks.phase);
+        turn_wait();
         issue_qk(s, ks.slot);
         turn_pass();
         cute::warpgroup_wait<0>();
         fence_operand(s);
         release(sm.k_empty(ks.slot));
         ks.advance();
-        if (n == 1) release(sm.q_empty());
-        softmax(var, s, t.keys.end - 1, t, ri, smx, alpha);
+        if (n == 1) release_q();
+        softmax(var, s, t.keys.end - 1, t, smx, alpha);
         pack_p(pa, s);
         for (int j = 1; j < n; ++j) {
-          turn_wait();
           wait(sm.k_full(ks.slot), ks.phase);
-          issue_qk(s, ks.slot);
           wait(sm.v_full(vs.slot), vs.phase);
+          turn_wait();
+          issue_qk(s, ks.slot);
+          // O (P V through tile j - 2, complete) takes tile j - 1's rescale while S of
+          // tile j is on the tensor cores; then P V of tile j - 1 goes in behind it.
+          SoftmaxRows::rescale(o, alpha);
           issue_pv(o, pa, vs.slot);
           turn_pass();
           cute::warpgroup_wait<1>();  // S of tile j
           fence_operand(s);
           release(sm.k_empty(ks.slot));
           ks.advance();
-          if (j == n - 1) release(sm.q_empty());
-          softmax(var, s, t.keys.end - 1 - j, t, ri, smx, alpha);
+          if (j == n - 1) release_q();
+          softmax(var, s, t.keys.end - 1 - j, t, smx, alpha);
           cute::warpgroup_wait<0>();  // P V of tile j - 1
           fence_operand(o);
           fence_operand(pa);
           release(sm.v_empty(vs.slot));
           vs.advance();
-          SoftmaxRows::rescale(o, alpha);
           pack_p(pa, s);
         }
-        turn_wait();
         wait(sm.v_full(vs.slot), vs.phase);
+        turn_wait();
+        SoftmaxRows::rescale(o, alpha);
         issue_pv(o, pa, vs.slot);
         turn_pass();
         cute::warpgroup_wait<0>();
@@ -218,39 +238,42 @@ struct Consumer {
         release(sm.v_empty(vs.slot));
         vs.advance();
       }
-      epilogue(var, t, ri, o, smx);
+      epilogue(var, t, o, smx);
     }
     if (Pol::kPingPong && wg == 0) named_sync(kBarTurn0, 256);  // warpgroup 1's last pass
   }
 
-  __device__ void softmax(const Variant& var, float (&s)[BN / 8][4], int tile, const QueryTile& t,
-                          const RowInfo (&ri)[2], SoftmaxRows& smx, float (&alpha)[2]) const {
+  __device__ void softmax(const Variant& var, float (&s)[BN / 8][4], int tile, const QueryTile& t, SoftmaxRows& smx,
+                          float (&alpha)[2]) const {
+    if constexpr (PAGEDMHA_SM90_DIAG == 1) {
+      alpha[0] = alpha[1] = 1.0f;
+      return;
+    }
     const float fold = var.transform(s);
     const int key0 = tile * BN;
-    if (!(key0 >= t.keys.common_lo && key0 + BN <= t.keys.common_hi)) mask(s, key0, t, ri);
-    smx.step(s, fold, alpha);
+    if (!(key0 >= t.keys.common_lo && key0 + BN <= t.keys.common_hi)) mask(s, key0, t);
+    smx.template step<BN / 8, true>(s, fold, alpha);
   }
 
   /// Direct output: o = acc * scale (sink counted once, empty rows 0), lse in natural log.
-  __device__ void epilogue(const Variant& var, const QueryTile& t, const RowInfo (&ri)[2], float (&o)[D / 8][4],
-                           SoftmaxRows& smx) const {
+  __device__ void epilogue(const Variant& var, const QueryTile& t, float (&o)[D / 8][4], SoftmaxRows& smx) const {
     smx.finish();
     const int t4 = ltid & 3;
-    const int warp = ltid >> 5, g = (ltid & 31) >> 2;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (!ri[h].valid()) continue;
-      const int head = t.head0 + (wg * 64 + warp * 16 + g + 8 * h) % p.pack;
+      const int tok = row_token(t, h);
+      if (tok < 0) continue;
+      const int head = t.head0 + row(h) % p.pack;
       float scale, lse;
       finalize_softmax(smx.m[h], smx.l[h], var.sink_log2(head), p.a.bmm2_scale, scale, lse);
-      const int64_t row = int64_t{t.q_row0} + ri[h].tok;
-      T* out = static_cast<T*>(p.a.out) + row * p.a.out_row_stride + int64_t{head} * p.a.out_head_stride;
+      const int64_t q_row = int64_t{t.q_row0} + tok;
+      T* out = static_cast<T*>(p.a.out) + q_row * p.a.out_row_stride + int64_t{head} * p.a.out_head_stride;
 #pragma unroll
       for (int i = 0; i < D / 8; ++i) {
         *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t4) = pack2<T>(o[i][2 * h] * scale, o[i][2 * h + 1] * scale);
       }
       if (t4 == 0 && p.a.lse != nullptr) {
-        p.a.lse[row * p.a.lse_row_stride + int64_t{head} * p.a.lse_head_stride] = lse;
+        p.a.lse[q_row * p.a.lse_row_stride + int64_t{head} * p.a.lse_head_stride] = lse;
       }
     }
   }

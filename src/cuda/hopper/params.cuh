@@ -16,7 +16,7 @@ namespace pagedmha::cuda::sm90 {
 struct Sm90Params {
   CUtensorMap tm_q;  // [rows][Hq][D] 16-bit, box [tokens][pack][64], 128B swizzle
   CUtensorMap tm_k;  // [pages][page_size][Hkv][D], box [1][kv_box_rows][1][64], 128B swizzle
-  CUtensorMap tm_v;
+  CUtensorMap tm_v;  // (fp8 caches: box [1][kv_box_rows][1][D] bytes, no swizzle: the raw tile)
   AttentionArgs a;
   TileSpace space;
   const int2* list;  // plan: query tiles in the order to run them
@@ -24,7 +24,23 @@ struct Sm90Params {
   int pack;          // query heads per tile (GQA packing)
   int head_groups;   // group / pack
   int kv_box_rows;   // rows of one K / V TMA box
-  bool tma_q, tma_kv;
+  int cluster;       // CTAs per cluster (1, or 2 sharing each K / V tile by TMA multicast)
+  bool tma_q, tma_kv;  // Q / 16-bit K and V by TMA (else the cp.async gather)
+  bool tma_raw;        // fp8 K and V by TMA into the staging slots (else the gather)
+};
+
+/// This CTA's walk over the plan: its cluster's items first, first + stride, ...; rank
+/// in the cluster (a 1-d grid of clusters of p.cluster consecutive CTAs).
+struct Walk {
+  int first, stride, rank, total;
+  __device__ explicit Walk(const Sm90Params& p)
+      : first(static_cast<int>(blockIdx.x) / p.cluster),
+        stride(static_cast<int>(gridDim.x) / p.cluster),
+        rank(static_cast<int>(blockIdx.x) % p.cluster),
+        total(num_items(*p.count, p.a.num_kv_heads, p.head_groups, p.cluster)) {}
+  __device__ QueryTile tile(const Sm90Params& p, int item) const {
+    return query_tile(p.space, p.list, item, p.a.num_kv_heads, p.head_groups, p.a.group, p.pack, p.cluster, rank);
+  }
 };
 
 /// Shared memory of one CTA, carved from a 1024-byte aligned base: Q, the K and V rings
@@ -51,7 +67,8 @@ struct SmemLayout {
   __device__ uint64_t* k_empty(int s) const { return bars() + 2 + S + s; }
   __device__ uint64_t* v_full(int s) const { return bars() + 2 + 2 * S + s; }
   __device__ uint64_t* v_empty(int s) const { return bars() + 2 + 3 * S + s; }
-  static constexpr int kNumBars = 2 + 4 * S;
+  __device__ uint64_t* raw_full(int r) const { return bars() + 2 + 4 * S + r; }  // fp8 staging by TMA
+  static constexpr int kNumBars = 2 + 4 * S + Pol::kRawSlots;
   static_assert(kNumBars * 8 <= Pol::kBarrierBytes, "barrier space");
 };
 

@@ -3,12 +3,15 @@
 // into the swizzled rings, signalling the consumers through mbarriers. Three ways in,
 // chosen once per launch (policy.h, kv_tma_ok / q_tma_ok):
 //   * TMA: producer warp 0, one lane per box (a page, or a tile of a page), page ids
-//     read in parallel; the rows of V's last page past the request's length are copied
-//     by hand so that what lies there (anything) never meets a zero probability;
+//     read in parallel one tile ahead; the rows of V's last page past the request's
+//     length are copied by hand so that what lies there (anything) never meets a zero
+//     probability;
 //   * cp.async gather (page size 1, odd sizes or strides): all 128 threads, one 16-byte
-//     chunk at a time through the page table, zero-filling keys outside the tile's span;
-//   * fp8 caches: cp.async of the raw e4m3 tile into a staging slot, then all 128
-//     threads convert it (exactly) into the 16-bit stage.
+//     chunk at a time through the page table (a tile's page ids read in one batch),
+//     zero-filling keys outside the tile's span;
+//   * fp8 caches: the raw e4m3 tile lands (TMA, or the gather) in one of two staging
+//     slots, then all 128 threads convert it exactly into the 16-bit stage, zeroing keys
+//     outside the span.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,7 +25,10 @@
 
 namespace pagedmha::cuda::sm90 {
 
-template <class Pol, class T, class KV>
+/// kTma: K / V by TMA (16-bit into the stages, fp8 into the staging slots); else the
+/// cp.async gather. A template parameter, not a runtime flag: each kernel then holds one
+/// load path, and the producer's few registers (setmaxnreg) suffice for it.
+template <class Pol, class T, class KV, bool kTma>
 struct Producer {
   static constexpr int D = Pol::kHeadDim, BN = Pol::kBlockN, BM = Pol::kBlockM, S = Pol::kStages;
   static constexpr int kPanels = D / 64;
@@ -33,12 +39,25 @@ struct Producer {
   const SmemLayout<Pol> sm;  // by value: a reference would put it in local memory
   int tid;  // 0..127
 
+  /// Keys [a, e) of KV tile `tile` that the query tile reads.
+  struct Span {
+    int key0, a, e;
+  };
+  __device__ static Span span(const QueryTile& t, int tile) {
+    Span r;
+    r.key0 = tile * BN;
+    r.a = r.key0 > t.keys.span_lo ? r.key0 : t.keys.span_lo;
+    r.e = r.key0 + BN < t.keys.span_hi ? r.key0 + BN : t.keys.span_hi;
+    return r;
+  }
+
   __device__ void run() {
     PipeState<S> ks, vs;
+    PipeState<Pol::kRawSlots ? Pol::kRawSlots : 1> raw;  // fp8 staging slots (full barriers count TMA bytes)
     uint32_t q_phase = 0;
-    const int total = *p.count * p.a.num_kv_heads * p.head_groups;
-    for (int item = blockIdx.x; item < total; item += gridDim.x) {
-      const QueryTile t = query_tile(p.space, p.list, item, p.a.num_kv_heads, p.head_groups, p.a.group, p.pack);
+    const Walk walk(p);
+    for (int item = walk.first; item < walk.total; item += walk.stride) {
+      const QueryTile t = walk.tile(p, item);
       const int n = t.keys.end - t.keys.begin;
       if (n <= 0) continue;  // the consumers write zeros without reading anything
       wait(sm.q_empty(), q_phase ^ 1);
@@ -46,20 +65,24 @@ struct Producer {
       q_phase ^= 1;
       const int32_t* pages = p.a.page_table + int64_t{t.b} * p.a.page_table_row_stride;
       if constexpr (kFp8) {
-        convert_kv_all(t, pages, n, ks, vs);
-      } else {
-        for (int x = 0; x < 2 * n; ++x) {
-          int j;
-          bool is_v;
-          kv_order(x, n, j, is_v);
-          if (is_v) {
-            load_kv(t, pages, t.keys.end - 1 - j, true, vs.slot, vs.phase);
-            vs.advance();
-          } else {
-            load_kv(t, pages, t.keys.end - 1 - j, false, ks.slot, ks.phase);
-            ks.advance();
-          }
+        convert_kv_all(t, pages, n, ks, vs, raw);
+      } else if constexpr (kTma) {
+        if (tid < 32) {
+          stream_kv(
+              t, n, ks, vs, [&](int tile) { return lane_page(t, pages, tile); },
+              [&](int tile, bool is_v, int page, PipeState<S>& st, const CUtensorMap& map) {
+                tma_tile(t, pages, tile, is_v, page, st, map, walk.rank);
+              });
         }
+      } else {
+        stream_kv(
+            t, n, ks, vs, [&](int tile) { return row_page(t, pages, tile); },
+            [&](int tile, bool is_v, int page, PipeState<S>& st, const CUtensorMap&) {
+              wait(is_v ? sm.v_empty(st.slot) : sm.k_empty(st.slot), st.phase ^ 1);
+              gather<kChunks, 2>(t, tile, page, is_v, is_v ? sm.v(st.slot) : sm.k(st.slot));
+              cp_async_arrive(is_v ? sm.v_full(st.slot) : sm.k_full(st.slot));
+              st.advance();
+            });
       }
     }
   }
@@ -73,8 +96,7 @@ struct Producer {
         expect_tx(sm.q_full(), static_cast<uint32_t>(rows * 128 * kPanels));
 #pragma unroll
         for (int c = 0; c < kPanels; ++c) {
-          tma_load_3d(&p.tm_q, sm.q_full(), sm.q() + c * BM * 128, c * 64, t.head0, static_cast<int>(t.q_row0),
-                      kEvictFirst);
+          tma_load_3d(&p.tm_q, sm.q_full(), sm.q() + c * BM * 128, c * 64, t.head0, t.q_row0, kEvictFirst);
         }
         arrive(sm.q_full());
       }
@@ -83,7 +105,6 @@ struct Producer {
     // Row r of the tile: token r / pack, head head0 + r % pack; rows past the tile's
     // tokens are zero.
     const char* q = static_cast<const char*>(p.a.q);
-    const int esize = p.a.q_fp8 ? 1 : 2;
     if (!p.a.q_fp8) {
 #pragma unroll 1
       for (int idx = tid; idx < BM * kChunks; idx += 128) {
@@ -92,7 +113,7 @@ struct Producer {
         const bool valid = r < rows && tok < t.n_tok;
         const char* src = q;
         if (valid) {
-          src += (int64_t{t.q_row0 + tok} * p.a.q_row_stride + int64_t{t.head0 + r % p.pack} * p.a.q_head_stride) * esize +
+          src += (int64_t{t.q_row0 + tok} * p.a.q_row_stride + int64_t{t.head0 + r % p.pack} * p.a.q_head_stride) * 2 +
                  c * 16;
         }
         cp_async_16(smem_addr(sm.q() + tile_offset(BM, r, c)), src, valid);
@@ -118,142 +139,183 @@ struct Producer {
     }
   }
 
-  // ---- 16-bit K / V ----------------------------------------------------------------
+  // ---- TMA (warp 0) ------------------------------------------------------------------
 
-  __device__ void load_kv(const QueryTile& t, const int32_t* pages, int tile, bool is_v, int slot, uint32_t phase) {
-    uint64_t* full = is_v ? sm.v_full(slot) : sm.k_full(slot);
-    uint64_t* empty = is_v ? sm.v_empty(slot) : sm.k_empty(slot);
-    char* dst = is_v ? sm.v(slot) : sm.k(slot);
-    const int key0 = tile * BN;
-    const int a = key0 > t.keys.span_lo ? key0 : t.keys.span_lo;
-    const int e = key0 + BN < t.keys.span_hi ? key0 + BN : t.keys.span_hi;
-    if (p.tma_kv) {
-      if (tid < 32) {
-        wait(empty, phase ^ 1);
-        load_kv_tma(t, pages, key0, a, e, is_v, dst, full);
-      }
-    } else {
-      wait(empty, phase ^ 1);
-      gather(t, pages, key0, a, e, is_v, dst, 2, kChunks);
-      cp_async_arrive(full);
-    }
+  /// This lane's page id for KV tile `tile`: lane i owns the box of keys [u * R, u * R + R)
+  /// with u = a / R + i, for the boxes overlapping [a, e) (0 for the others).
+  __device__ int lane_page(const QueryTile& t, const int32_t* pages, int tile) const {
+    const Span sp = span(t, tile);
+    const int R = p.kv_box_rows;
+    const int u = sp.a / R + tid;
+    return u <= (sp.e - 1) / R ? __ldg(pages + u * R / p.a.page_size) : 0;
   }
 
-  /// Warp 0: boxes of R rows at keys u * R for the units overlapping [a, e), one lane
-  /// per box (page ids read in parallel); V's unit holding keys past L copied by hand.
-  __device__ void load_kv_tma(const QueryTile& t, const int32_t* pages, int key0, int a, int e, bool is_v,
-                              char* dst, uint64_t* full) {
+  /// The item's K / V tiles in the consumers' order K0, K1, V0, K2, V1, ...: `issue`
+  /// loads one; the page ids it needs (`page_of`, per lane) are read one tile ahead (their
+  /// latency hides behind the previous tile's waits and copies), and V_j reuses K_j's.
+  template <class PageOf, class Issue>
+  __device__ void stream_kv(const QueryTile& t, int n, PipeState<S>& ks, PipeState<S>& vs, PageOf page_of,
+                            Issue issue) const {
+    const int last = t.keys.end - 1;
+    int cur = page_of(last);
+    issue(last, false, cur, ks, p.tm_k);
+    int next = n > 1 ? page_of(last - 1) : 0;
+    for (int j = 1; j < n; ++j) {
+      issue(last - j, false, next, ks, p.tm_k);
+      const int prev = cur;
+      cur = next;
+      if (j + 1 < n) next = page_of(last - j - 1);
+      issue(last - j + 1, true, prev, vs, p.tm_v);
+    }
+    issue(t.keys.begin, true, cur, vs, p.tm_v);
+  }
+
+  /// One K or V tile by TMA into the next stage of `st` (16-bit: 128-byte rows per
+  /// panel); V's unit holding keys past L is copied by hand. In a cluster of two the
+  /// boxes (unit, panel) alternate between the CTAs and each is multicast to both: each
+  /// CTA's full barrier expects the whole tile, its empty barrier both CTAs' releases.
+  __device__ void tma_tile(const QueryTile& t, const int32_t* pages, int tile, bool is_v, int page,
+                           PipeState<S>& st, const CUtensorMap& map, int rank) const {
     const int lane = tid;
+    const Span sp = span(t, tile);
     const int R = p.kv_box_rows, P = p.a.page_size;
-    const int u0 = a / R, u1 = (e - 1) / R;
+    const int u0 = sp.a / R, u1 = (sp.e - 1) / R;
     const int tail = (is_v && t.L % R != 0) ? (t.L - 1) / R : -1;  // unit holding keys past L
     const int u = u0 + lane;
     const bool mine = u <= u1 && u != tail;
     const int pos = u * R;
-    int page = 0;
-    if (mine) page = __ldg(pages + pos / P);
+    uint64_t* full = is_v ? sm.v_full(st.slot) : sm.k_full(st.slot);
+    char* dst = is_v ? sm.v(st.slot) : sm.k(st.slot);
+    wait(is_v ? sm.v_empty(st.slot) : sm.k_empty(st.slot), st.phase ^ 1);
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? static_cast<uint32_t>(R * 128 * kPanels) : 0u);
     if (lane == 0 && bytes > 0) expect_tx(full, bytes);
     __syncwarp();
     if (mine) {
-      const CUtensorMap* map = is_v ? &p.tm_v : &p.tm_k;
 #pragma unroll
       for (int c = 0; c < kPanels; ++c) {
-        tma_load_4d(map, full, dst + c * BN * 128 + (pos - key0) * 128, c * 64, t.kv_head, static_cast<int>(pos % P),
-                    page, kEvictLast);
+        char* box = dst + c * BN * 128 + (pos - sp.key0) * 128;
+        if (p.cluster == 1) {
+          tma_load_4d(&map, full, box, c * 64, t.kv_head, pos % P, page, kEvictLast);
+        } else if ((lane * kPanels + c) % 2 == rank) {
+          tma_load_4d_multicast(&map, full, box, 0x3, c * 64, t.kv_head, pos % P, page, kEvictLast);
+        }
       }
     }
     if (tail >= u0 && tail <= u1) {
-      // Keys [max(tail * R, a), min(L, e)) by hand; the rest of the unit keeps what the
-      // stage held (finite: earlier V rows or the zeros written at start).
-      const int r0 = tail * R > a ? tail * R : a;
-      const int r1 = t.L < e ? t.L : e;
-      gather_rows(t, pages, key0, r0, r1, p.a.v, dst, lane, 32);
-      fence_async_smem();
+      // Keys [max(tail * R, a), min(L, e)) by cp.async, each lane's copies holding the
+      // barrier's phase open (cp.async.mbarrier.arrive without .noinc); the rest of the
+      // unit keeps what the stage held (finite: earlier V rows or the zeros written at start).
+      const int r0 = tail * R > sp.a ? tail * R : sp.a;
+      const int r1 = t.L < sp.e ? t.L : sp.e;
+      copy_rows(t, pages, sp.key0, r0, r1, dst, full);
     }
     __syncwarp();
     if (lane == 0) arrive(full);
+    st.advance();
   }
 
-  /// Plain loads of keys [r0, r1) (16-bit) into the swizzled tile, `threads` threads.
-  __device__ void gather_rows(const QueryTile& t, const int32_t* pages, int key0, int r0, int r1,
-                              const void* cache, char* dst, int thread, int threads) const {
+  /// Warp 0: cp.async of V keys [r0, r1) (one page: inside the tail unit) into the
+  /// swizzled 16-bit tile; every lane's copies count on `bar`.
+  __device__ void copy_rows(const QueryTile& t, const int32_t* pages, int key0, int r0, int r1, char* dst,
+                            uint64_t* bar) const {
     const int P = p.a.page_size;
-    const int64_t ps = p.a.v_page_stride, ts = p.a.v_token_stride, hs = p.a.v_head_stride;
-    const char* base = static_cast<const char*>(cache) + int64_t{t.kv_head} * hs * 2;
-    const int rows = r1 - r0;
+    const int64_t page = __ldg(pages + r0 / P);
+    const char* base = static_cast<const char*>(p.a.v) +
+                       (int64_t{t.kv_head} * p.a.v_head_stride + page * p.a.v_page_stride) * 2;
 #pragma unroll 1
-    for (int idx = thread; idx < rows * kChunks; idx += threads) {
-      const int r = idx / kChunks, c = idx % kChunks;
-      const int pos = r0 + r;
-      const int64_t page = __ldg(pages + pos / P);
-      const uint4 x = __ldg(reinterpret_cast<const uint4*>(base + (page * ps + (pos % P) * ts) * 2 + c * 16));
-      *reinterpret_cast<uint4*>(dst + tile_offset(BN, pos - key0, c)) = x;
+    for (int idx = tid; idx < (r1 - r0) * kChunks; idx += 32) {
+      const int pos = r0 + idx / kChunks, c = idx % kChunks;
+      cp_async_16(smem_addr(dst + tile_offset(BN, pos - key0, c)), base + (pos % P) * p.a.v_token_stride * 2 + c * 16,
+                  true);
     }
+    cutlass::arch::cpasync_barrier_arrive(bar);
   }
 
-  /// All 128 threads: 16-byte cp.async of every chunk of the tile's BN rows, keys outside
-  /// [a, e) zero-filled without touching the page table. `row_chunks` chunks of
-  /// `esize`-byte elements per row; the destination is the swizzled 16-bit tile (esize 2)
-  /// or the dense raw fp8 slot (esize 1, rows of D bytes).
-  __device__ void gather(const QueryTile& t, const int32_t* pages, int key0, int a, int e, bool is_v,
-                         char* dst, int esize, int row_chunks) const {
+  // ---- cp.async gather (all 128 threads) ---------------------------------------------
+
+  static constexpr int kWarpRows = BN / 4;  // rows of a tile each producer warp copies
+
+  /// This lane's page id for row (warp * kWarpRows + lane) of KV tile `tile`; -1 for
+  /// rows outside the keys [a, e) the query tile reads (zero-filled, the table untouched).
+  __device__ int row_page(const QueryTile& t, const int32_t* pages, int tile) const {
+    const Span sp = span(t, tile);
+    const int lane = tid & 31, pos = sp.key0 + (tid >> 5) * kWarpRows + lane;
+    return lane < kWarpRows && pos >= sp.a && pos < sp.e ? __ldg(pages + pos / p.a.page_size) : -1;
+  }
+
+  /// The warp's kWarpRows rows of KV tile `tile` by 16-byte cp.async: kRowChunks chunks of
+  /// kEsize-byte elements per row, each row's page id from the lane that read it
+  /// (row_page). The destination is the swizzled 16-bit tile (kEsize 2) or the dense raw
+  /// fp8 slot (kEsize 1, rows of D bytes).
+  template <int kRowChunks, int kEsize>
+  __device__ void gather(const QueryTile& t, int tile, int page, bool is_v, char* dst) const {
     const void* cache = is_v ? p.a.v : p.a.k;
     const int P = p.a.page_size;
     const int64_t ps = is_v ? p.a.v_page_stride : p.a.k_page_stride;
     const int64_t ts = is_v ? p.a.v_token_stride : p.a.k_token_stride;
     const int64_t hs = is_v ? p.a.v_head_stride : p.a.k_head_stride;
-    const char* base = static_cast<const char*>(cache) + int64_t{t.kv_head} * hs * esize;
-    const int rows_per_pass = 128 / row_chunks;
-    const int c = tid % row_chunks;
-#pragma unroll 2
-    for (int r = tid / row_chunks; r < BN; r += rows_per_pass) {
-      const int pos = key0 + r;
-      const bool valid = pos >= a && pos < e;
-      const char* src = base;
-      if (valid) {
-        const int64_t page = __ldg(pages + pos / P);
-        src += (page * ps + (pos % P) * ts) * esize + c * 16;
-      }
-      const uint32_t off = esize == 2 ? tile_offset(BN, r, c) : static_cast<uint32_t>(r * D + c * 16);
+    const char* base = static_cast<const char*>(cache) + int64_t{t.kv_head} * hs * kEsize;
+    const int lane = tid & 31, row0 = (tid >> 5) * kWarpRows, key0 = tile * BN;
+#pragma unroll 4
+    for (int idx = lane; idx < kWarpRows * kRowChunks; idx += 32) {
+      const int rl = idx / kRowChunks, c = idx % kRowChunks;
+      const int pg = __shfl_sync(0xffffffffu, page, rl);
+      const int r = row0 + rl, pos = key0 + r;
+      const bool valid = pg >= 0;
+      const char* src = valid ? base + (int64_t{pg} * ps + (pos % P) * ts) * kEsize + c * 16 : base;
+      const uint32_t off = kEsize == 2 ? tile_offset(BN, r, c) : static_cast<uint32_t>(r * D + c * 16);
       cp_async_16(smem_addr(dst + off), src, valid);
     }
   }
 
   // ---- fp8 K / V ---------------------------------------------------------------------
 
-  /// The item's 2n K / V tiles through the two staging slots: element x + 1 is in flight
-  /// while element x converts into its stage.
+  /// The item's 2n K / V tiles through the kRawSlots staging slots: elements x + 1 ..
+  /// x + kRawSlots - 1 are in flight while element x converts into its stage.
   __device__ void convert_kv_all(const QueryTile& t, const int32_t* pages, int n, PipeState<S>& ks,
-                                 PipeState<S>& vs) {
-    issue_raw(t, pages, n, 0);
-    cp_async_commit();
-    for (int x = 0; x < 2 * n; ++x) {
-      if (x + 1 < 2 * n) {
-        issue_raw(t, pages, n, x + 1);
-        cp_async_commit();
-        cp_async_wait<1>();
+                                 PipeState<S>& vs, PipeState<Pol::kRawSlots>& raw) {
+    constexpr int R = Pol::kRawSlots;
+    const int total = 2 * n;
+    for (int i = 0; i < R && i < total; ++i) {
+      issue_raw(t, pages, n, i, (raw.slot + i) % R);
+      if (!kTma) cp_async_commit();
+    }
+    for (int x = 0; x < total; ++x) {
+      if constexpr (kTma) {
+        wait(sm.raw_full(raw.slot), raw.phase);
       } else {
-        cp_async_wait<0>();
+        if (total - 1 - x >= R - 1) {
+          cp_async_wait<R - 1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        named_sync(kBarProducer, 128);  // every thread's raw chunks of element x have landed
       }
-      named_sync(kBarProducer, 128);  // every thread's raw chunks of element x have landed
       int j;
       bool is_v;
       kv_order(x, n, j, is_v);
+      const Span sp = span(t, t.keys.end - 1 - j);
       const int slot = is_v ? vs.slot : ks.slot;
       wait(is_v ? sm.v_empty(slot) : sm.k_empty(slot), (is_v ? vs.phase : ks.phase) ^ 1);
-      const char* src = sm.raw(x & 1);
+      const char* src = sm.raw(raw.slot);
       char* dst = is_v ? sm.v(slot) : sm.k(slot);
+#pragma unroll 2
       for (int idx = tid; idx < BN * (D / 16); idx += 128) {
         const int r = idx / (D / 16), c = idx % (D / 16);
-        uint4 out[2];
-        fp8x16_to<T>(*reinterpret_cast<const uint4*>(src + r * D + c * 16), out);
+        const int pos = sp.key0 + r;
+        uint4 out[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        if (pos >= sp.a && pos < sp.e) fp8x16_to<T>(*reinterpret_cast<const uint4*>(src + r * D + c * 16), out);
         *reinterpret_cast<uint4*>(dst + tile_offset(BN, r, 2 * c)) = out[0];
         *reinterpret_cast<uint4*>(dst + tile_offset(BN, r, 2 * c + 1)) = out[1];
       }
       fence_async_smem();
       arrive(is_v ? sm.v_full(slot) : sm.k_full(slot));
-      named_sync(kBarProducer, 128);  // slot x & 1 may be refilled
+      named_sync(kBarProducer, 128);  // the staging slot may be refilled
+      if (x + R < total) {
+        issue_raw(t, pages, n, x + R, raw.slot);
+        if (!kTma) cp_async_commit();
+      }
+      raw.advance();
       if (is_v) {
         vs.advance();
       } else {
@@ -262,15 +324,33 @@ struct Producer {
     }
   }
 
-  /// cp.async of element x's raw e4m3 tile (dense rows of D bytes) into slot x & 1.
-  __device__ void issue_raw(const QueryTile& t, const int32_t* pages, int n, int x) const {
+  /// Element x's raw e4m3 tile (dense rows of D bytes) into staging slot `slot`: TMA
+  /// boxes of R rows by warp 0 (counted on raw_full[slot]), or the gather.
+  __device__ void issue_raw(const QueryTile& t, const int32_t* pages, int n, int x, int slot) const {
     int j;
     bool is_v;
     kv_order(x, n, j, is_v);
-    const int key0 = (t.keys.end - 1 - j) * BN;
-    const int a = key0 > t.keys.span_lo ? key0 : t.keys.span_lo;
-    const int e = key0 + BN < t.keys.span_hi ? key0 + BN : t.keys.span_hi;
-    gather(t, pages, key0, a, e, is_v, sm.raw(x & 1), 1, D / 16);
+    const int tile = t.keys.end - 1 - j;
+    const Span sp = span(t, tile);
+    if constexpr (!kTma) {
+      gather<D / 16, 1>(t, tile, row_page(t, pages, tile), is_v, sm.raw(slot));
+      return;
+    }
+    if (tid >= 32) return;
+    const int R = p.kv_box_rows, P = p.a.page_size;
+    const int u = sp.a / R + tid;
+    const bool mine = u <= (sp.e - 1) / R;
+    const int page = mine ? __ldg(pages + u * R / P) : 0;
+    uint64_t* full = sm.raw_full(slot);
+    const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? static_cast<uint32_t>(R * D) : 0u);
+    if (tid == 0) expect_tx(full, bytes);
+    __syncwarp();
+    if (mine) {
+      tma_load_4d(is_v ? &p.tm_v : &p.tm_k, full, sm.raw(slot) + (u * R - sp.key0) * D, 0, t.kv_head,
+                  (u * R) % P, page, kEvictLast);
+    }
+    __syncwarp();
+    if (tid == 0) arrive(full);
   }
 };
 

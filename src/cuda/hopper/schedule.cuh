@@ -153,19 +153,28 @@ struct QueryTile {
   TileKeys keys;
 };
 
-/// Item `item` of the sorted plan: entry item / (Hkv * head_groups) of the list; the KV
-/// head and the head group (of `pack` query heads) from the rest, so the items of one
-/// entry are adjacent (equal cost).
+/// Items of the plan for a grid of clusters of `cluster` CTAs: entries x KV heads x
+/// head groups / cluster (the CTAs of a cluster take consecutive head groups of one KV
+/// head: the same tokens, so the same K / V tiles, which they load once for both).
+__device__ __forceinline__ int num_items(int entries, int num_kv_heads, int head_groups, int cluster) {
+  return entries * num_kv_heads * (head_groups / cluster);
+}
+
+/// Item `item`: entry item / (Hkv * head_groups / cluster) of the list; the KV head and
+/// the head group (of `pack` query heads; cluster rank `rank` takes the rank-th of the
+/// item's `cluster` consecutive groups) from the rest. The items of one entry are adjacent
+/// (equal cost).
 __device__ __forceinline__ QueryTile query_tile(const TileSpace& s, const int2* list, int item, int num_kv_heads,
-                                                int head_groups, int group, int pack) {
-  const int per = num_kv_heads * head_groups;
+                                                int head_groups, int group, int pack, int cluster, int rank) {
+  const int groups = head_groups / cluster;
+  const int per = num_kv_heads * groups;
   const int2 e = list[item / per];
   const int r = item % per;
   QueryTile t;
   t.b = e.x;
   t.m = e.y;
-  t.kv_head = r / head_groups;
-  t.head0 = t.kv_head * group + (r % head_groups) * pack;
+  t.kv_head = r / groups;
+  t.head0 = t.kv_head * group + ((r % groups) * cluster + rank) * pack;
   const int q0 = s.cu_seqlens_q[t.b];
   const int n = s.cu_seqlens_q[t.b + 1] - q0;
   t.L = s.seq_lens[t.b] > 0 ? s.seq_lens[t.b] : 0;

@@ -160,5 +160,11 @@ __device__ __forceinline__ void tma_load_4d(const CUtensorMap* map, uint64_t* ba
                                             int c3, uint64_t hint) {
   cute::SM90_TMA_LOAD_4D::copy(map, bar, hint, dst, c0, c1, c2, c3);
 }
+/// The same box into every CTA of `mask` in the cluster (same offsets, each CTA's own
+/// barrier at `bar`'s offset counts the bytes).
+__device__ __forceinline__ void tma_load_4d_multicast(const CUtensorMap* map, uint64_t* bar, void* dst, uint16_t mask,
+                                                      int c0, int c1, int c2, int c3, uint64_t hint) {
+  cute::SM90_TMA_LOAD_MULTICAST_4D::copy(map, bar, mask, hint, dst, c0, c1, c2, c3);
+}
 
 }  // namespace pagedmha::cuda::sm90

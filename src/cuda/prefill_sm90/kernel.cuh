@@ -1,10 +1,12 @@
-// The Hopper prefill / extend kernel: a persistent grid (one CTA per SM) walking the
-// plan's query tiles longest first; per CTA one producer warpgroup (producer.cuh) and
-// two consumer warpgroups (consumer.cuh) with setmaxnreg moving registers to the
-// consumers. Shapes and heuristics: policy.h.
+// The Hopper prefill / extend kernel: a persistent grid (one CTA per SM, clusters of two
+// when they can share K / V) walking the plan's query tiles longest first; per CTA one
+// producer warpgroup (producer.cuh) and two consumer warpgroups (consumer.cuh) with
+// setmaxnreg moving registers to the consumers. Shapes and heuristics: policy.h.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <cute/arch/cluster_sm90.hpp>
 
 #include "cuda/common/check.cuh"
 #include "cuda/hopper/consumer.cuh"
@@ -13,22 +15,26 @@
 
 namespace pagedmha::cuda::sm90 {
 
-template <class Pol, class T, class KV>
+template <class Pol, class T, class KV, bool kTma>
 __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_constant__ Sm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ char smem_raw[];
   const SmemLayout<Pol> sm(smem_raw);
   const int tid = threadIdx.x;
   if (tid == 0) {
-    const uint32_t kv_arrivals = p.tma_kv ? 1 : 128;  // one TMA lane, or every producer thread
+    // One TMA lane, or every producer thread (cp.async, or the fp8 conversion).
+    const uint32_t kv_arrivals = kTma && !Pol::kFp8Kv ? 1 : 128;
+    // Every consumer warp of every CTA the stages are multicast to.
+    const uint32_t releases = kConsumerWarps * p.cluster;
     Barrier::init(sm.q_full(), p.tma_q ? 1 : 128);
     Barrier::init(sm.q_empty(), kConsumerWarps);
     for (int s = 0; s < Pol::kStages; ++s) {
       Barrier::init(sm.k_full(s), kv_arrivals);
       Barrier::init(sm.v_full(s), kv_arrivals);
-      Barrier::init(sm.k_empty(s), kConsumerWarps);
-      Barrier::init(sm.v_empty(s), kConsumerWarps);
+      Barrier::init(sm.k_empty(s), releases);
+      Barrier::init(sm.v_empty(s), releases);
     }
+    for (int r = 0; r < Pol::kRawSlots; ++r) Barrier::init(sm.raw_full(r), 1);
     cutlass::arch::fence_barrier_init();
   }
   // V rows a tile does not load meet probability 0: they must be finite, so the stages
@@ -36,25 +42,70 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
   uint4* v = reinterpret_cast<uint4*>(sm.v(0));
   for (int i = tid; i < Pol::kStages * Pol::kTileBytes / 16; i += Pol::kThreads) v[i] = make_uint4(0, 0, 0, 0);
   fence_async_smem();
-  __syncthreads();
+  // The peer's barriers exist before anything is multicast to it or arrives on them.
+  if (p.cluster > 1) {
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
   if (tid < 128) {
     cutlass::arch::warpgroup_reg_dealloc<Pol::kProducerRegs>();
     // With TMA for everything only warp 0 has work.
-    if (p.tma_q && p.tma_kv && tid >= 32) return;
-    Producer<Pol, T, KV>{p, sm, tid}.run();
+    if (!(kTma && !Pol::kFp8Kv && p.tma_q && tid >= 32)) Producer<Pol, T, KV, kTma>{p, sm, tid}.run();
   } else {
     cutlass::arch::warpgroup_reg_alloc<Pol::kConsumerRegs>();
     Consumer<Pol, T, DeviceVariant>{p, sm, tid / 128 - 1, tid % 128}.run();
   }
+  // No CTA leaves while its peer may still arrive on its barriers.
+  if (p.cluster > 1) {
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  }
 #endif
 }
 
-template <class Pol, class T, class KV>
+/// Persistent launch: `grid` CTAs (a multiple of `cluster`), clusters of `cluster`.
+template <class Pol, class T, class KV, bool kTma>
 void launch_prefill_kernel(const Sm90Params& p, int grid, cudaStream_t stream) {
-  auto* kernel = prefill_kernel<Pol, T, KV>;
+  auto* kernel = prefill_kernel<Pol, T, KV, kTma>;
   PAGEDMHA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Pol::kSmemBytes));
-  kernel<<<grid, Pol::kThreads, Pol::kSmemBytes, stream>>>(p);
-  PAGEDMHA_CUDA_CHECK_LAUNCH();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(Pol::kThreads);
+  cfg.dynamicSmemBytes = Pol::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(p.cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  PAGEDMHA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+}
+
+/// CTAs of the persistent grid: one per SM, or, in clusters of two, as many as can be
+/// resident at once (clusters live inside one GPC; cudaOccupancyMaxActiveClusters).
+template <class Pol, class T, class KV, bool kTma>
+int persistent_grid(int cluster, int num_sms) {
+  if (cluster == 1) return num_sms;
+  auto* kernel = prefill_kernel<Pol, T, KV, kTma>;
+  PAGEDMHA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Pol::kSmemBytes));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(num_sms));
+  cfg.blockDim = dim3(Pol::kThreads);
+  cfg.dynamicSmemBytes = Pol::kSmemBytes;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  PAGEDMHA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+  return clusters > 0 ? clusters * cluster : 0;
 }
 
 }  // namespace pagedmha::cuda::sm90

@@ -1,6 +1,7 @@
-// Host side of one Hopper prefill instantiation: the plan launch, the TMA decisions (the
-// one place they are made: policy.h's kv_tma_ok / q_tma_ok, then the driver's encoder)
-// and the persistent launch. Included by the per-head-dim instantiation files.
+// Host side of one Hopper prefill instantiation: the load-path decisions (the one place
+// they are made: policy.h's kv_tma_ok / q_tma_ok / cluster_size, then the driver's
+// encoder), the plan launch and the persistent launch. Included by the per-head-dim
+// instantiation files.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,13 +21,49 @@ constexpr CUtensorMapDataType tensor_map_dtype() {
   return std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 }
 
+/// K / V tensor maps: [pages][page_size][Hkv][D] with boxes of [kv_box_rows][64] of one
+/// head (16-bit, swizzled) or [kv_box_rows][D] bytes (fp8, into the staging slots).
+/// False when the layout does not allow TMA or the driver refuses the maps.
+template <int D, class T, bool kFp8>
+bool kv_tensor_maps(const detail::KvCacheDesc& kv, int block_n, Sm90Params& p) {
+  const int64_t es = kFp8 ? 1 : 2;
+  p.kv_box_rows = kv_box_rows(kv.page_size, block_n);
+  if (!kv_tma_ok(kv.page_size, block_n, kv.k.data, kv.v.data, kv.k.page_stride * es, kv.k.token_stride * es,
+                 kv.k.head_stride * es, kv.v.page_stride * es, kv.v.token_stride * es, kv.v.head_stride * es,
+                 kv.num_pages)) {
+    return false;
+  }
+  const uint64_t dims[4] = {uint64_t(D), uint64_t(kv.num_kv_heads), uint64_t(kv.page_size), uint64_t(kv.num_pages)};
+  const uint32_t box[4] = {kFp8 ? uint32_t(D) : 64u, 1, uint32_t(p.kv_box_rows), 1};
+  const uint64_t ks[3] = {uint64_t(kv.k.head_stride * es), uint64_t(kv.k.token_stride * es),
+                          uint64_t(kv.k.page_stride * es)};
+  const uint64_t vs[3] = {uint64_t(kv.v.head_stride * es), uint64_t(kv.v.token_stride * es),
+                          uint64_t(kv.v.page_stride * es)};
+  const CUtensorMapDataType dt = kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : tensor_map_dtype<T>();
+  return encode_tensor_map(&p.tm_k, dt, 4, kv.k.data, dims, ks, box, !kFp8) &&
+         encode_tensor_map(&p.tm_v, dt, 4, kv.v.data, dims, vs, box, !kFp8);
+}
+
+template <class Pol, class T, class KV, bool kTma>
+void launch_persistent(const Sm90Params& p, int device, int num_sms, cudaStream_t stream) {
+  static int grids[2][64] = {};  // per cluster size and device, computed once
+  int& grid = grids[p.cluster - 1][device & 63];
+  if (grid == 0) grid = persistent_grid<Pol, T, KV, kTma>(p.cluster, num_sms);
+  if (grid == 0) throw Error("batch_prefill: no cluster of " + std::to_string(p.cluster) + " CTAs fits this device");
+  launch_prefill_kernel<Pol, T, KV, kTma>(p, grid, stream);
+}
+
 template <int D, class T, class KV>
 void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, int num_sms, cudaStream_t stream) {
   constexpr bool kFp8 = !std::is_same<KV, T>::value;
   using Pol = PrefillPolicy<D, kFp8>;
   Sm90Params p{};
   p.a = a;
-  p.pack = gqa_pack(a.group);
+  const bool tma = kv_tensor_maps<D, T, kFp8>(prob.kv, Pol::kBlockN, p);
+  p.tma_kv = tma && !kFp8;
+  p.tma_raw = tma && kFp8;
+  p.cluster = cluster_size(a.group, p.tma_kv);
+  p.pack = gqa_pack(a.group / p.cluster);
   p.head_groups = a.group / p.pack;
   p.space.cu_seqlens_q = prob.cu_seqlens_q;
   p.space.seq_lens = prob.seq_lens;
@@ -48,23 +85,11 @@ void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, i
     const uint32_t box[3] = {64, uint32_t(p.pack), uint32_t(p.space.tokens)};
     p.tma_q = encode_tensor_map(&p.tm_q, tensor_map_dtype<T>(), 3, a.q, dims, strides, box);
   }
-  // K / V: [pages][page_size][Hkv][D], boxes of [kv_box_rows][64] of one head.
-  const detail::KvCacheDesc& kv = prob.kv;
-  p.kv_box_rows = kv_box_rows(kv.page_size, Pol::kBlockN);
-  p.tma_kv = kv_tma_ok(kFp8, kv.page_size, Pol::kBlockN, kv.k.data, kv.v.data, kv.k.page_stride * 2,
-                       kv.k.token_stride * 2, kv.k.head_stride * 2, kv.v.page_stride * 2, kv.v.token_stride * 2,
-                       kv.v.head_stride * 2, kv.num_pages);
-  if (p.tma_kv) {
-    const uint64_t dims[4] = {uint64_t(D), uint64_t(kv.num_kv_heads), uint64_t(kv.page_size), uint64_t(kv.num_pages)};
-    const uint32_t box[4] = {64, 1, uint32_t(p.kv_box_rows), 1};
-    const uint64_t ks[3] = {uint64_t(kv.k.head_stride) * 2, uint64_t(kv.k.token_stride) * 2,
-                            uint64_t(kv.k.page_stride) * 2};
-    const uint64_t vs[3] = {uint64_t(kv.v.head_stride) * 2, uint64_t(kv.v.token_stride) * 2,
-                            uint64_t(kv.v.page_stride) * 2};
-    p.tma_kv = encode_tensor_map(&p.tm_k, tensor_map_dtype<T>(), 4, kv.k.data, dims, ks, box) &&
-               encode_tensor_map(&p.tm_v, tensor_map_dtype<T>(), 4, kv.v.data, dims, vs, box);
+  if (tma) {
+    launch_persistent<Pol, T, KV, true>(p, prob.device.index, num_sms, stream);
+  } else {
+    launch_persistent<Pol, T, KV, false>(p, prob.device.index, num_sms, stream);
   }
-  launch_prefill_kernel<Pol, T, KV>(p, num_sms, stream);
 }
 
 }  // namespace pagedmha::cuda::sm90

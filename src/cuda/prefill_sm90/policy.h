@@ -7,6 +7,20 @@
 
 #include "pagedmha/variant.h"  // PAGEDMHA_HD
 
+// Experiment knobs for bench/prefill_sm90_variants.cu (the library builds the defaults):
+// PAGEDMHA_SM90_PINGPONG=0 turns the warpgroups' turn-taking off, PAGEDMHA_SM90_STAGES=k
+// forces k K / V stages, PAGEDMHA_SM90_DIAG=1 leaves the softmax out (P = S) and =2 the
+// consumers' GEMMs (they only wait and release: the producer's rate).
+#ifndef PAGEDMHA_SM90_PINGPONG
+#define PAGEDMHA_SM90_PINGPONG 1
+#endif
+#ifndef PAGEDMHA_SM90_STAGES
+#define PAGEDMHA_SM90_STAGES 0
+#endif
+#ifndef PAGEDMHA_SM90_DIAG
+#define PAGEDMHA_SM90_DIAG 0
+#endif
+
 namespace pagedmha::cuda::sm90 {
 
 /// Compile-time shape of one instantiation (head dim D, fp8 or 16-bit cache).
@@ -23,28 +37,34 @@ struct PrefillPolicy {
   // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128; 64 at
   // D = 256, whose O accumulator alone is 128 registers per thread.
   static constexpr int kBlockN = D == 256 ? 64 : 128;
-  // K and V stages (each its own ring). Two are enough for the compute-bound shapes
-  // (FA3 uses two at D = 128); D = 64 tiles are half the bytes and shorter to compute,
-  // so a third stage covers more latency.
-  static constexpr int kStages = D == 64 ? 3 : 2;
-  // fp8 caches land raw (BN x D bytes) in two staging slots the producer warpgroup
-  // converts from into the 16-bit stages.
-  static constexpr int kRawSlots = Fp8Kv ? 2 : 0;
+  // fp8 caches land raw (BN x D bytes) in staging slots the producer warpgroup converts
+  // from into the 16-bit stages: 4 (3 tiles in flight while one converts: a tile's load
+  // latency is ~3 conversions) where shared memory allows, 2 at D = 256.
+  static constexpr int kRawSlots = Fp8Kv ? (D == 256 ? 2 : 4) : 0;
   // setmaxnreg: 384 threads start with 168 registers (64K / 384, rounded down to 8);
-  // the producer warpgroup gives some up and the consumers take them: 128 x 56 +
-  // 256 x 224 = 64,512 up to D = 128 (consumers need ~215); D = 256 consumers need more
-  // (O alone is 128 registers): 128 x 40 + 256 x 232.
-  static constexpr int kProducerRegs = D == 256 ? 40 : 56;
-  static constexpr int kConsumerRegs = D == 256 ? 232 : 224;
+  // the producer warpgroup gives some up and the consumers take them: 128 x 72 +
+  // 256 x 216 = 64,512. The consumers need ~185 (D <= 128) to ~200 (D = 256, O alone is
+  // 128); the producer's TMA paths ~60 (fp8: the staging and the conversion).
+  static constexpr int kProducerRegs = 72;
+  static constexpr int kConsumerRegs = 216;
   // Two consumer warpgroups take turns issuing their GEMMs (named barriers), so one's
   // softmax overlaps the other's tensor-core work; within a warpgroup, QK of tile j + 1
   // is issued before the softmax of tile j.
-  static constexpr bool kPingPong = true;
+  static constexpr bool kPingPong = PAGEDMHA_SM90_PINGPONG != 0;
 
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage (16-bit)
   static constexpr int kRawBytes = kBlockN * D;       // one fp8 staging slot
   static constexpr int kBarrierBytes = 256;
+  // K and V stages (each its own ring): as many as shared memory holds, up to 4. The
+  // load latency of a tile (page-table read, then TMA from L2 or HBM, then the barrier
+  // round trip through both CTAs of a cluster) spans more than one tile's compute, so
+  // deeper rings keep the tensor cores fed (bench/prefill_variants.sh: stages-* rows).
+  static constexpr int kStagesFit =
+      (227 * 1024 - 1024 - kQBytes - kRawSlots * kRawBytes - kBarrierBytes) / (2 * kTileBytes);
+  static constexpr int kStagesWanted = PAGEDMHA_SM90_STAGES > 0 ? PAGEDMHA_SM90_STAGES : 4;
+  static constexpr int kStages = kStagesWanted < kStagesFit ? kStagesWanted : kStagesFit;
+  static_assert(kStages >= 2, "two stages at least");
   static constexpr int kSmemBytes =
       1024 /* alignment slack */ + kQBytes + 2 * kStages * kTileBytes + kRawSlots * kRawBytes + kBarrierBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
@@ -61,6 +81,18 @@ inline int gqa_pack(int group) {
   return 1;
 }
 
+/// CTAs per cluster: two when K / V come by TMA and the query heads of a KV head split
+/// into two head groups (an even GQA group): the pair runs the same tokens of the same KV
+/// head, so each K / V box is loaded once and multicast to both, halving the L2 -> SM
+/// traffic (which, with one CTA, caps the 1 x 16k causal llama3-8b shape near 440 TFLOP/s
+/// at page 16: bench/prefill_variants.sh's producer-only variant). Else one.
+#ifndef PAGEDMHA_SM90_CLUSTER
+#define PAGEDMHA_SM90_CLUSTER 2
+#endif
+inline int cluster_size(int group, bool kv_tma) {
+  return PAGEDMHA_SM90_CLUSTER == 2 && kv_tma && group % 2 == 0 ? 2 : 1;
+}
+
 /// Tokens of one request per query tile.
 inline int tokens_per_tile(int block_m, int pack) { return block_m / pack; }
 
@@ -68,14 +100,13 @@ inline int tokens_per_tile(int block_m, int pack) { return block_m / pack; }
 inline int kv_box_rows(int page_size, int block_n) { return page_size < block_n ? page_size : block_n; }
 
 /// Whether K / V tiles can be loaded with one TMA box per page (per tile when a page
-/// holds several): 16-bit cache, pages of a multiple of 8 rows that either divide the
-/// tile or are a multiple of it (boxes never straddle a page, every box starts on a
-/// 1024-byte swizzle boundary), 16-byte aligned base and strides, and coordinates that
-/// fit the tensor map's 32-bit dims. Otherwise the producer gathers rows with cp.async.
-inline bool kv_tma_ok(bool fp8, int page_size, int block_n, const void* k, const void* v, int64_t page_stride_bytes_k,
+/// holds several): pages of a multiple of 8 rows that either divide the tile or are a
+/// multiple of it (boxes never straddle a page, every 16-bit box starts on a 1024-byte
+/// swizzle boundary), 16-byte aligned base and strides, and coordinates that fit the
+/// tensor map's 32-bit dims. Otherwise the producer gathers rows with cp.async.
+inline bool kv_tma_ok(int page_size, int block_n, const void* k, const void* v, int64_t page_stride_bytes_k,
                       int64_t token_stride_bytes_k, int64_t head_stride_bytes_k, int64_t page_stride_bytes_v,
                       int64_t token_stride_bytes_v, int64_t head_stride_bytes_v, int64_t num_pages) {
-  if (fp8) return false;  // fp8 tiles go through the producer's conversion (cp.async raw loads)
   if (page_size % 8 != 0) return false;
   if (!(block_n % page_size == 0 || page_size % block_n == 0)) return false;
   const auto a16 = [](int64_t x) { return x > 0 && x % 16 == 0 && x < (int64_t{1} << 40); };

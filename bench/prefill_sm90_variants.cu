@@ -1,0 +1,182 @@
+// Micro-benchmark of the Hopper prefill kernel's compile-time variants (policy.h's
+// PAGEDMHA_SM90_* knobs): one binary per variant, built in seconds by
+// bench/prefill_variants.sh, timing causal prefill shapes on a paged cache with CUDA
+// events (kernels of milliseconds: launch cost is noise). Prints one line per shape and
+// appends JSON records (PERFORMANCE.md's schema plus "variant") to the file given.
+//
+//   prefill_sm90_variants <variant name> <out.jsonl>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/prefill_sm90/launch.cuh"
+
+namespace pagedmha {
+// The kernels' host code throws through this (src/core/error.cpp in the library).
+void throw_invalid_argument(const std::string& op, const std::string& arg, const std::string& expected,
+                            const std::string& given) {
+  throw Error(op + ": " + arg + ": expected " + expected + ", got " + given);
+}
+}  // namespace pagedmha
+
+namespace {
+
+using namespace pagedmha;
+using namespace pagedmha::cuda;
+
+#define CHECK(x)                                                                        \
+  do {                                                                                  \
+    cudaError_t e = (x);                                                                \
+    if (e != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+__global__ void fill_random(__nv_bfloat16* x, int64_t n, uint32_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+    x[i] = __float2bfloat16((static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * scale);
+  }
+}
+
+struct Shape {
+  const char* model;
+  int hq, hkv, d, batch, seq, page;
+};
+
+template <int D>
+double run_shape(const Shape& s, int sms, cudaStream_t stream) {
+  const int B = s.batch, S = s.seq, P = s.page;
+  const int64_t rows = int64_t{B} * S;
+  const int pages_per_req = (S + P - 1) / P;
+  const int64_t num_pages = int64_t{B} * pages_per_req + 1;
+  const int64_t slots = num_pages * P;
+  __nv_bfloat16 *q, *k, *v, *o;
+  CHECK(cudaMalloc(&q, rows * s.hq * D * 2));
+  CHECK(cudaMalloc(&o, rows * s.hq * D * 2));
+  CHECK(cudaMalloc(&k, slots * s.hkv * D * 2));
+  CHECK(cudaMalloc(&v, slots * s.hkv * D * 2));
+  fill_random<<<1024, 256, 0, stream>>>(q, rows * s.hq * D, 1, 2.0f);
+  fill_random<<<1024, 256, 0, stream>>>(k, slots * s.hkv * D, 2, 2.0f);
+  fill_random<<<1024, 256, 0, stream>>>(v, slots * s.hkv * D, 3, 2.0f);
+  std::vector<int32_t> table(int64_t{B} * pages_per_req), lens(B, S), cu(B + 1);
+  std::iota(table.begin(), table.end(), 1);
+  std::shuffle(table.begin(), table.end(), std::mt19937(7));  // random page order
+  for (int b = 0; b <= B; ++b) cu[b] = b * S;
+  int32_t *d_table, *d_lens, *d_cu;
+  CHECK(cudaMalloc(&d_table, table.size() * 4));
+  CHECK(cudaMalloc(&d_lens, B * 4));
+  CHECK(cudaMalloc(&d_cu, (B + 1) * 4));
+  CHECK(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_lens, lens.data(), B * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d_cu, cu.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
+  const int64_t ws_bytes = sm90::PlanLayout::bytes(B, rows);
+  void* ws;
+  CHECK(cudaMalloc(&ws, ws_bytes));
+  std::vector<float> sinks_h(s.hq, 0.5f);
+  float* sinks;
+  CHECK(cudaMalloc(&sinks, s.hq * 4));
+  CHECK(cudaMemcpy(sinks, sinks_h.data(), s.hq * 4, cudaMemcpyHostToDevice));
+
+  detail::AttentionProblem p;
+  p.q = q;
+  p.q_dtype = DType::bf16;
+  p.q_row_stride = int64_t{s.hq} * D;
+  p.q_head_stride = D;
+  p.out = o;
+  p.out_dtype = DType::bf16;
+  p.out_row_stride = int64_t{s.hq} * D;
+  p.out_head_stride = D;
+  p.kv.k = {k, int64_t{P} * s.hkv * D, int64_t{s.hkv} * D, D};
+  p.kv.v = {v, int64_t{P} * s.hkv * D, int64_t{s.hkv} * D, D};
+  p.kv.dtype = DType::bf16;
+  p.kv.num_pages = num_pages;
+  p.kv.page_size = P;
+  p.kv.num_kv_heads = s.hkv;
+  p.kv.head_dim = D;
+  p.page_table = d_table;
+  p.page_table_row_stride = pages_per_req;
+  p.page_table_cols = pages_per_req;
+  p.seq_lens = d_lens;
+  p.batch = B;
+  p.num_rows = static_cast<int>(rows);
+  p.num_q_heads = s.hq;
+  p.num_kv_heads = s.hkv;
+  p.head_dim = D;
+  p.cu_seqlens_q = d_cu;
+  p.max_q_len = S;
+  p.bmm1_scale = 1.0f / std::sqrt(static_cast<float>(D));
+  p.sinks = std::string(s.model) == "gpt-oss" ? sinks : nullptr;
+  p.workspace = ws;
+  p.workspace_bytes = ws_bytes;
+  const AttentionArgs a = make_attention_args(p);
+  auto launch = [&] { sm90::run_prefill<D, __nv_bfloat16, __nv_bfloat16>(p, a, sms, stream); };
+  launch();
+  launch();
+  CHECK(cudaStreamSynchronize(stream));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < 5; ++r) {
+    CHECK(cudaEventRecord(e0, stream));
+    for (int i = 0; i < 10; ++i) launch();
+    CHECK(cudaEventRecord(e1, stream));
+    CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t / 10);
+  }
+  CHECK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  for (void* x : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
+                  static_cast<void*>(d_table), static_cast<void*>(d_lens), static_cast<void*>(d_cu), ws,
+                  static_cast<void*>(sinks)}) {
+    cudaFree(x);
+  }
+  return ms[ms.size() / 2] * 1e3;  // us
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s <variant name> <out.jsonl>\n", argv[0]);
+    return 2;
+  }
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreate(&stream));
+  const Shape shapes[] = {
+      {"llama3-8b", 32, 8, 128, 1, 16384, 16}, {"llama3-8b", 32, 8, 128, 1, 16384, 64},
+      {"llama3-8b", 32, 8, 128, 4, 4096, 16},  {"gpt-oss", 64, 8, 64, 1, 16384, 16},
+      {"gpt-oss", 64, 8, 64, 4, 4096, 16},
+  };
+  FILE* out = std::fopen(argv[2], "a");
+  for (const Shape& s : shapes) {
+    const double us = s.d == 128 ? run_shape<128>(s, sms, stream) : run_shape<64>(s, sms, stream);
+    const double pairs = double(s.batch) * s.seq * (s.seq + 1) / 2.0;
+    const double tflops = 4.0 * s.hq * s.d * pairs / (us * 1e-6) / 1e12;
+    std::printf("%-24s %-10s %2dx%-6d p%-3d %10.1f us %8.1f TFLOP/s\n", argv[1], s.model, s.batch, s.seq, s.page, us,
+                tflops);
+    if (out) {
+      std::fprintf(out,
+                   "{\"op\": \"prefill\", \"impl\": \"pagedmha-variant\", \"variant\": \"%s\", \"model\": \"%s\", "
+                   "\"batch\": %d, \"ctx\": %d, \"q_len\": %d, \"page_size\": %d, \"kv_dtype\": \"bf16\", "
+                   "\"time_us\": %.2f, \"tflops\": %.2f}\n",
+                   argv[1], s.model, s.batch, s.seq, s.seq, s.page, us, tflops);
+    }
+  }
+  if (out) std::fclose(out);
+  return 0;
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds bench/prefill_sm90_variants.cu once per variant of the Hopper prefill kernel's
+# compile-time knobs (src/cuda/prefill_sm90/policy.h) and runs each on the GPU: a quick,
+# same-run comparison of kernel structures. Needs nvcc (sm_90a), CUTLASS headers (found
+# like CMake does: $CUTLASS_INCLUDE, .deps/cutlass/include, or pip's nvidia-cutlass) and
+# an H100 / H200. Writes bench/results/<gpu>-prefill-variants-<date>.json.
+#
+#   bash bench/prefill_variants.sh ["name:-DFLAG=1 -DOTHER=2" ...]   (default: the set below)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+inc=${CUTLASS_INCLUDE:-}
+[ -z "$inc" ] && [ -d .deps/cutlass/include/cute ] && inc=.deps/cutlass/include
+[ -z "$inc" ] && inc=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))" 2>/dev/null)
+[ -d "$inc/cute" ] || { echo "prefill_variants: CUTLASS headers not found" >&2; exit 2; }
+variants=("$@")
+if [ ${#variants[@]} -eq 0 ]; then
+  variants=("default:" "stages2:-DPAGEDMHA_SM90_STAGES=2" "stages3:-DPAGEDMHA_SM90_STAGES=3" "cluster1:-DPAGEDMHA_SM90_CLUSTER=1"
+            "no-pingpong:-DPAGEDMHA_SM90_PINGPONG=0" "no-softmax:-DPAGEDMHA_SM90_DIAG=1" "producer-only:-DPAGEDMHA_SM90_DIAG=2")
+fi
+dir=build/variants
+mkdir -p "$dir"
+jsonl=$dir/records.jsonl
+: >"$jsonl"
+for v in "${variants[@]}"; do
+  name=${v%%:*} flags=${v#*:}
+  # shellcheck disable=SC2086
+  nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DPAGEDMHA_WITH_SM90=1 \
+    -Isrc -Iinclude -isystem "$inc" $flags bench/prefill_sm90_variants.cu src/cuda/common/attention_args.cu \
+    src/cuda/hopper/tensor_map.cu -o "$dir/$name" >"$dir/$name.build.log" 2>&1 &
+done
+wait
+for v in "${variants[@]}"; do
+  name=${v%%:*}
+  if [ -x "$dir/$name" ]; then
+    "$dir/$name" "$name" "$jsonl" || echo "$name: run failed"
+  else
+    echo "$name: build failed: $(grep -m1 error "$dir/$name.build.log")"
+  fi
+done
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 | tr 'A-Z ' 'a-z-' | sed 's/nvidia-//')
+out=bench/results/${gpu:-gpu}-prefill-variants-$(date +%Y%m%d).json
+python3 - "$jsonl" "$out" "bash bench/prefill_variants.sh $*" <<'PY'
+import json, os, subprocess, sys, datetime
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+commit = os.environ.get("PAGEDMHA_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+json.dump({"gpu": gpu, "commit": commit, "command": sys.argv[3], "date": datetime.date.today().isoformat(),
+           "records": recs}, open(sys.argv[2], "w"), indent=1)
+print("wrote", sys.argv[2])
+PY
+[ -n "${OUT:-}" ] && cp "$out" "$OUT/" 2>/dev/null
+exit 0
