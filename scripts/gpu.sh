@@ -13,7 +13,8 @@
 #                     (traces read from $TRACES, default ../shared/traces)
 #   Environment: OUT (log folder; default build/gpu-out), JOBS (build jobs; default
 #   nproc), CTEST_JOBS (parallel test programs; default 4), CTEST_REGEX (ctest -R), BENCH_ARGS, TRACES,
-#   REPLAY_TIME_LIMIT (s, default 90), REPLAYS (e.g. "azure-conv-llama3-8b:400").
+#   REPLAY_TIME_LIMIT (s, default 90), REPLAYS (e.g. "azure-conv-llama3-8b:400"),
+#   SANITIZER_TOOLS (default "memcheck racecheck synccheck").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -146,7 +147,7 @@ if [ $run_sanitizer -eq 1 ]; then
   elif [ ! -x "$san_bin" ]; then
     note sanitizer FAILED "$san_bin not built"
   else
-    for tool in memcheck racecheck synccheck; do
+    for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
       t=$(date +%s)
       log "compute-sanitizer --tool $tool"
       extra=()

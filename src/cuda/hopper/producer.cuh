@@ -277,10 +277,11 @@ struct Producer {
     constexpr int R = Pol::kRawSlots;
     const int total = 2 * n;
     for (int i = 0; i < R && i < total; ++i) {
-      issue_raw(t, pages, n, i, (raw.slot + i) % R);
+      issue_raw(t, n, i, (raw.slot + i) % R, raw_page(t, pages, n, i));
       if (!kTma) cp_async_commit();
     }
     for (int x = 0; x < total; ++x) {
+      const int ahead = x + R < total ? raw_page(t, pages, n, x + R) : 0;  // used after this conversion
       if constexpr (kTma) {
         wait(sm.raw_full(raw.slot), raw.phase);
       } else {
@@ -312,7 +313,7 @@ struct Producer {
       arrive(is_v ? sm.v_full(slot) : sm.k_full(slot));
       named_sync(kBarProducer, 128);  // the staging slot may be refilled
       if (x + R < total) {
-        issue_raw(t, pages, n, x + R, raw.slot);
+        issue_raw(t, n, x + R, raw.slot, ahead);
         if (!kTma) cp_async_commit();
       }
       raw.advance();
@@ -324,23 +325,38 @@ struct Producer {
     }
   }
 
-  /// Element x's raw e4m3 tile (dense rows of D bytes) into staging slot `slot`: TMA
-  /// boxes of R rows by warp 0 (counted on raw_full[slot]), or the gather.
-  __device__ void issue_raw(const QueryTile& t, const int32_t* pages, int n, int x, int slot) const {
+  /// This lane's page id for element x's raw load (TMA: lane i's box; gather: row i of
+  /// the lane's warp), read before the load is due so that its latency overlaps the
+  /// conversions in between.
+  __device__ int raw_page(const QueryTile& t, const int32_t* pages, int n, int x) const {
+    int j;
+    bool is_v;
+    kv_order(x, n, j, is_v);
+    const int tile = t.keys.end - 1 - j;
+    if constexpr (kTma) {
+      return tid < 32 ? lane_page(t, pages, tile) : 0;
+    } else {
+      return row_page(t, pages, tile);
+    }
+  }
+
+  /// Element x's raw e4m3 tile (dense rows of D bytes) into staging slot `slot` with the
+  /// lane's page id from raw_page: TMA boxes of R rows by warp 0 (counted on
+  /// raw_full[slot]), or the gather.
+  __device__ void issue_raw(const QueryTile& t, int n, int x, int slot, int page) const {
     int j;
     bool is_v;
     kv_order(x, n, j, is_v);
     const int tile = t.keys.end - 1 - j;
     const Span sp = span(t, tile);
     if constexpr (!kTma) {
-      gather<D / 16, 1>(t, tile, row_page(t, pages, tile), is_v, sm.raw(slot));
+      gather<D / 16, 1>(t, tile, page, is_v, sm.raw(slot));
       return;
     }
     if (tid >= 32) return;
     const int R = p.kv_box_rows, P = p.a.page_size;
     const int u = sp.a / R + tid;
     const bool mine = u <= (sp.e - 1) / R;
-    const int page = mine ? __ldg(pages + u * R / P) : 0;
     uint64_t* full = sm.raw_full(slot);
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? static_cast<uint32_t>(R * D) : 0u);
     if (tid == 0) expect_tx(full, bytes);

@@ -52,6 +52,26 @@ TEST(Sanitizer, PrefillRaggedPrefixNonCausal) {
   }
 }
 
+// The Hopper prefill's three producers: TMA (page 16, with a V tail past L and a cluster
+// of two), the cp.async gather (page 3, above) and the fp8 staging (TMA and gather).
+TEST(Sanitizer, PrefillProducers) {
+  REQUIRE_GPU();
+  int i = 0;
+  for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+    for (int P : {16, 5}) {
+      AttnCase c = gpu_case(/*decode=*/false);
+      c.page_size = P;
+      c.kv_dtype = kv;
+      c.k_scale = kv == DType::fp8_e4m3 ? 0.37 : 1.0;
+      c.kv_lens = {300, 129, 17};
+      c.q_lens = {200, 129, 9};
+      c.window_left = i == 1 ? 100 : -1;
+      c.seed = 7250 + i++;
+      check_case(c);
+    }
+  }
+}
+
 TEST(Sanitizer, AppendGatherMetadata) {
   REQUIRE_GPU();
   // append_kv bf16 and fp8 into a small pool, every byte against the oracle.
