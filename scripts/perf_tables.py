@@ -8,7 +8,9 @@ Three kinds of results file, in this order on the page:
 - trace replays (`pagedmha replay --json`, recognised by "tool"): one summary table, a
   column per file, and a link to docs/replay-<name>.png where that plot exists;
 - backend host overhead (bench/backend_overhead.cpp, recognised by its ops): mode x batch
-  host time, with the <= 20 us target at batch 256.
+  host time, with the <= 20 us target at batch 256;
+- kernel-variant comparisons (bench/prefill_variants.sh, recognised by records carrying
+  "variant"): one table of TFLOP/s, a row per shape, a column per variant.
 Numbers come only from the files; with no files the page says so.
 
   python3 scripts/perf_tables.py [--results-dir bench/results] [--out docs/performance.md]
@@ -40,7 +42,7 @@ NO_RESULTS = ("No benchmark results yet: `bench/results/` holds no `*.json` file
               "`bench/bench_attention.py` on the GPU machine, commit its JSON under "
               "`bench/results/`, then re-run `scripts/perf_tables.py`.\n")
 
-ATTENTION, REPLAY, OVERHEAD = "attention", "replay", "backend_overhead"
+ATTENTION, REPLAY, OVERHEAD, VARIANTS = "attention", "replay", "backend_overhead", "variants"
 OVERHEAD_OPS = ("init_forward_metadata", "replay_prepare")
 OVERHEAD_TARGET_US, OVERHEAD_TARGET_BATCH = 20.0, 256  # host time per step at bs 256
 REPLAY_TOOL = "pagedmha replay"
@@ -49,7 +51,7 @@ REPLAY_NAME = re.compile(r"^[^-]+-replay-(?P<name>.+?)(?:-(?P<date>\d{8}))?\.jso
 
 
 def kind_of(doc) -> Optional[str]:
-    """ATTENTION, REPLAY or OVERHEAD; None for a file of none of these shapes."""
+    """ATTENTION, REPLAY, OVERHEAD or VARIANTS; None for a file of none of these shapes."""
     if not isinstance(doc, dict):
         return None
     if doc.get("tool") == REPLAY_TOOL and isinstance(doc.get("summary"), dict):
@@ -58,6 +60,8 @@ def kind_of(doc) -> Optional[str]:
     if not isinstance(recs, list):
         return None
     ops = {r.get("op") for r in recs if isinstance(r, dict)}
+    if recs and all(isinstance(r, dict) and "variant" in r for r in recs):
+        return VARIANTS
     return OVERHEAD if ops and ops <= set(OVERHEAD_OPS) else ATTENTION
 
 
@@ -367,6 +371,24 @@ def overhead_section(name: str, doc: dict) -> List[str]:
     return parts
 
 
+def variants_section(name: str, doc: dict) -> List[str]:
+    recs = [r for r in doc["records"] if isinstance(r, dict)]
+    parts = [f"## Kernel variants, {doc.get('gpu', 'unknown GPU')}, {doc.get('date', 'undated')} "
+             f"(`bench/results/{name}`)\n", "\n".join(_meta(doc)) + "\n"]
+    parts.append("TFLOP/s of one build per variant of the Hopper prefill kernel's compile-time "
+                 "knobs (CUDA events, median of 5 x 10 launches, causal, bf16, random page order); "
+                 "diagnostic variants leave work out and are not correct kernels.\n")
+    variants = list(dict.fromkeys(r.get("variant") for r in recs))
+    shapes = list(dict.fromkeys((r.get("model"), r.get("batch"), r.get("ctx"), r.get("page_size")) for r in recs))
+    by = {(r.get("variant"), r.get("model"), r.get("batch"), r.get("ctx"), r.get("page_size")): r for r in recs}
+    rows = []
+    for m, b, c, pg in shapes:
+        rows.append([f"{m} {b} x {_len(c)} p{pg}",
+                     *[_num((by.get((v, m, b, c, pg)) or {}).get("tflops"), 0) for v in variants]])
+    parts.append(table(["shape", *[str(v) for v in variants]], rows) if rows else "No records.\n")
+    return parts
+
+
 def render(docs: List[Tuple[str, dict]], problems: List[str],
            plots_dir: Optional[Path] = None) -> str:
     parts = [HEADER]
@@ -380,6 +402,8 @@ def render(docs: List[Tuple[str, dict]], problems: List[str],
         parts += replay_section(reps, plots_dir)
     for name, doc in of(OVERHEAD):
         parts += overhead_section(name, doc)
+    for name, doc in of(VARIANTS):
+        parts += variants_section(name, doc)
     if problems:
         parts.append("## Files skipped\n\n" + "\n".join(f"- {p}" for p in problems) + "\n")
     return "\n".join(parts)

@@ -8,3 +8,4 @@
 #include "pagedmha/ops.h"
 #include "pagedmha/registry.h"
 #include "pagedmha/tensor.h"
+#include "pagedmha/variant.h"

@@ -39,6 +39,7 @@ from ._pagedmha import (
     prefill_workspace_size,
     registered_backends,
     set_debug_validation,
+    visible_pairs,
 )
 
 Error.__module__ = __name__
@@ -271,5 +272,6 @@ __all__ = [
     "extend_write_slots",
     "gather_page_table_with_padding",
     "set_debug_validation",
+    "visible_pairs",
     "view_as",
 ]

@@ -10,6 +10,7 @@
 
 #include "array.h"
 #include "pagedmha/ops.h"
+#include "pagedmha/variant.h"
 
 namespace pagedmha::python {
 
@@ -331,6 +332,15 @@ void bind_ops(nb::module_& m) {
         return prefill_workspace_size(d, batch, total_q);
       },
       arg("device"), arg("batch"), arg("total_q"), kPrefillWorkspaceDoc);
+
+  m.def(
+      "visible_pairs",
+      [](int64_t seq_len, int64_t q_len, int window_left, bool causal) {
+        return MaskVariant{causal, window_left}.pairs(seq_len, q_len);
+      },
+      arg("seq_len"), arg("q_len"), arg("window_left") = -1, arg("causal") = true,
+      "Visible (query, key) pairs of one request of q_len queries ending at KV length seq_len\n"
+      "(include/pagedmha/variant.h, the mask every op uses): 4 * Hq * D * pairs is its prefill flops.");
 
   m.def("set_debug_validation", &set_debug_validation, arg("enabled"),
         "Turns debug validation on or off (off by default; no cost when off): CUDA ops then also\n"

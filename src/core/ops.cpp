@@ -175,7 +175,7 @@ void check_attention_values(const ArgCheck& chk, const detail::AttentionProblem&
                str(p.page_table_cols) + " columns");
     }
     // With a window, pages wholly before the first visible key are never read.
-    const int64_t first_key = p.window_left >= 0 ? std::max<int64_t>(0, L - n - p.window_left) : 0;
+    const int64_t first_key = p.mask().first_key(L, n);
     const int32_t* row = p.page_table + b * p.page_table_row_stride;
     for (int64_t c = first_key / P; c < needed; ++c) {
       if (row[c] < 0 || row[c] >= p.kv.num_pages) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "pagedmha/tensor.h"
+#include "pagedmha/variant.h"
 
 namespace pagedmha::detail {
 
@@ -65,6 +66,9 @@ struct AttentionProblem {
   const float* sinks = nullptr;  // optional [Hq]
   bool causal = true;
   int num_splits = 0;  // decode: 0 = chosen on the device
+
+  /// The mask these fields describe (include/pagedmha/variant.h).
+  MaskVariant mask() const { return MaskVariant{causal, window_left}; }
 
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;

@@ -36,16 +36,6 @@ Request request(const AttentionProblem& p, int b) {
   return {int64_t{b} * p.q_len_per_req, p.q_len_per_req, p.seq_lens[b]};
 }
 
-struct KeyRange {
-  int64_t lo, hi;  // [lo, hi); empty when hi <= lo
-};
-
-// Keys visible to the query at position pos (pos = L - n + i; may be negative).
-KeyRange visible(const AttentionProblem& p, int64_t L, int64_t pos) {
-  const int64_t lo = p.window_left >= 0 ? std::max<int64_t>(0, pos - p.window_left) : 0;
-  const int64_t hi = p.causal ? std::min(L, pos + 1) : L;
-  return {lo, hi};
-}
 
 struct WorkItem {
   int b, g;
@@ -139,7 +129,8 @@ PAGEDMHA_CPU_CLONES void run_item(const AttentionProblem& p, const WorkItem& w, 
 
   const detail::KvCacheDesc& kv = p.kv;
   const int32_t* table = p.page_table + int64_t{w.b} * p.page_table_row_stride;
-  const KeyRange span{visible(p, r.L, pos(w.i0)).lo, visible(p, r.L, pos(w.i1 - 1)).hi};
+  const MaskVariant mask = p.mask();
+  const KeySpan span = mask.rows_union(r.L, pos(w.i0), pos(w.i1 - 1));
   const float cap = p.logits_soft_cap;
   float* s = sc.s.data();
 
@@ -154,7 +145,7 @@ PAGEDMHA_CPU_CLONES void run_item(const AttentionProblem& p, const WorkItem& w, 
       load_row(offset(kv.v.data, kv.dtype, vtok + w.g * kv.v.head_stride), kv.dtype, D, sc.v.data() + jj * D);
     }
     for (int64_t i = w.i0; i < w.i1; ++i) {
-      const KeyRange vis = visible(p, r.L, pos(i));
+      const KeySpan vis = mask.row(r.L, pos(i));
       const int a = static_cast<int>(std::max<int64_t>(vis.lo - kb, 0));
       const int e = static_cast<int>(std::min<int64_t>(vis.hi - kb, kn));
       if (e <= a) continue;
@@ -231,8 +222,8 @@ void attention(const AttentionProblem& p) {
     const Request r = request(p, b);
     for (int64_t i0 = 0; i0 < r.n; i0 += rows_per_item) {
       const int64_t i1 = std::min(r.n, i0 + rows_per_item);
-      const KeyRange span{visible(p, r.L, r.L - r.n + i0).lo, visible(p, r.L, r.L - r.n + i1 - 1).hi};
-      const int64_t cost = (i1 - i0) * (std::max<int64_t>(span.hi - span.lo, 0) + 1);
+      const KeySpan span = p.mask().rows_union(r.L, r.L - r.n + i0, r.L - r.n + i1 - 1);
+      const int64_t cost = (i1 - i0) * (span.size() + 1);
       for (int g = 0; g < p.num_kv_heads; ++g) items.push_back({b, g, i0, i1, cost});
     }
   }

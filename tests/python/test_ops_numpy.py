@@ -543,3 +543,18 @@ def test_stream_default_without_torch():
     pm.cumsum_lengths(lengths, out, stream=0)
     assert ("torch" in sys.modules) == had_torch
     np.testing.assert_array_equal(out, [0, 0, 1, 3, 6])
+
+
+def test_bench_metrics_count_pairs_like_the_library():
+    """bench/metrics.py (stdlib only, for machines without the module) and the library's
+    MaskVariant agree on every flop count."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import metrics
+    for causal in (True, False):
+        for L in (1, 7, 130, 4096):
+            for n in (1, 5, L, L + 3):
+                for w in (-1, 0, 3, 127):
+                    assert metrics.visible_pairs(n, L, w, causal) == pm.visible_pairs(L, n, w, causal), \
+                        (causal, L, n, w)

@@ -471,3 +471,32 @@ def test_plot_replay_unwritable_output_names_the_argument(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 1
     assert "-o/--output" in p.stderr and str(out) in p.stderr and "Traceback" not in p.stderr
+
+
+def test_variants_file_renders_one_column_per_variant(tmp_path):
+    recs = [{"op": "prefill", "impl": "pagedmha-variant", "variant": v, "model": "llama3-8b", "batch": 1,
+             "ctx": 16384, "q_len": 16384, "page_size": p, "kv_dtype": "bf16", "time_us": 1.0, "tflops": t}
+            for v, p, t in [("default", 16, 442.4), ("cluster1", 16, 359.5), ("default", 64, 446.3)]]
+    doc = {"gpu": "NVIDIA H200", "commit": "abc123", "command": "bash bench/prefill_variants.sh",
+           "date": "2026-12-01", "records": recs}
+    assert PT.kind_of(doc) == PT.VARIANTS
+    (tmp_path / "h200-prefill-variants-20261201.json").write_text(json.dumps(doc))
+    out = tmp_path / "performance.md"
+    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| shape | default | cluster1 |" in text
+    assert "| llama3-8b 1 x 16k p16 | 442 | 360 |" in text
+    assert "| llama3-8b 1 x 16k p64 | 446 | - |" in text  # no invented number
+
+
+def test_prefill_plan_covers_the_issue_rows():
+    plan = BA.prefill_plan()
+    names = [c.name for c in plan]
+    assert len(names) == len(set(names))
+    have = {(c.model, c.batch, c.ctx, c.q_len, c.page_size, c.kv_dtype) for c in plan}
+    for model in ("llama3-8b", "gpt-oss", "gemma"):
+        for s in (1024, 4096, 16384):
+            assert (model, 16384 // s, s, s, 16, "bf16") in have
+    for p in (1, 64):
+        assert ("llama3-8b", 4, 4096, 4096, p, "bf16") in have
+    assert ("llama3-8b", 4, 4096, 4096, 16, "fp8_e4m3") in have

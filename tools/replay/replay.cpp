@@ -1,5 +1,7 @@
 #include "replay/replay.h"
 
+#include "pagedmha/variant.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -167,23 +169,9 @@ ReplayOptions resolve_replay_defaults(const ReplayOptions& in, Device device) {
   return o;
 }
 
-int64_t visible_pairs(int64_t L, int64_t n, int w) {
-  const int64_t a = std::max<int64_t>(L - n, 0), b = L - 1;  // query positions (n > L: early ones see nothing)
-  if (b < a) return 0;
-  if (w < 0) return (b + 1) * (b + 2) / 2 - a * (a + 1) / 2;
-  // sum over p in [a, b] of min(p + 1, w + 1)
-  int64_t s = 0;
-  const int64_t lo_end = std::min<int64_t>(b, w - 1);
-  if (lo_end >= a) s += (lo_end + 1) * (lo_end + 2) / 2 - a * (a + 1) / 2;
-  const int64_t hi_start = std::max<int64_t>(a, w);
-  if (b >= hi_start) s += (b - hi_start + 1) * (int64_t{w} + 1);
-  return s;
-}
+int64_t visible_pairs(int64_t L, int64_t n, int w) { return MaskVariant{true, w}.pairs(L, n); }
 
-int64_t keys_read(int64_t L, int64_t n, int w) {
-  if (w < 0) return L;
-  return L - std::max<int64_t>(0, L - n - w);
-}
+int64_t keys_read(int64_t L, int64_t n, int w) { return MaskVariant{true, w}.keys_read(L, n); }
 
 ReplayResult run_replay(const ReplayOptions& given) {
   const auto wall0 = std::chrono::steady_clock::now();

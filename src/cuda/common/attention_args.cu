@@ -39,8 +39,7 @@ AttentionArgs make_attention_args(const detail::AttentionProblem& p) {
   }
   a.bmm2_scale = p.bmm2_scale;
   a.sinks = p.sinks;
-  a.window_left = p.window_left;
-  a.causal = p.causal;
+  a.mask = p.mask();
   return a;
 }
 

@@ -39,8 +39,7 @@ struct AttentionArgs {
   float cap_log2;          // soft_cap * log2(e); 0: soft-cap off
   float bmm2_scale;
   const float* sinks;  // optional [Hq], natural-log units
-  int window_left;     // -1: no window
-  bool causal;
+  MaskVariant mask;    // causal, window_left (include/pagedmha/variant.h)
 
   // Split-KV (decode, src/cuda/decode): forced count (0: from the live length), tile
   // size the key range is split in, row chunks per KV head, the device-side work plan
@@ -62,10 +61,12 @@ struct RowDesc {
   int lo, hi;
 };
 
-/// Visible keys of the query at position p (= L - n + i) of a request with L keys.
+/// Visible keys of the query at position p (= L - n + i) of a request with L keys, in
+/// 32 bits (lengths are int32; hi may be <= 0 for queries before the first key).
 __device__ __forceinline__ void visible_keys(const AttentionArgs& a, int L, int p, int& lo, int& hi) {
-  hi = a.causal ? min(p + 1, L) : L;
-  lo = a.window_left >= 0 ? max(p - a.window_left, 0) : 0;
+  const KeySpan s = a.mask.row(L, p);
+  lo = static_cast<int>(s.lo);
+  hi = static_cast<int>(s.hi);
 }
 
 AttentionArgs make_attention_args(const detail::AttentionProblem& p);

@@ -36,7 +36,7 @@ __global__ void check_page_ids_kernel(const detail::AttentionProblem p, unsigned
     return;
   }
   // Pages wholly before the window may have been released: they are never read.
-  const int64_t first_key = p.window_left >= 0 ? max(int64_t{0}, len - n - int64_t{p.window_left}) : 0;
+  const int64_t first_key = MaskVariant{p.causal, p.window_left}.first_key(len, n);
   const int32_t* row = p.page_table + r * p.page_table_row_stride;
   for (int64_t c = first_key / P + threadIdx.x; c < pages; c += blockDim.x) {
     const int32_t id = row[c];

@@ -36,7 +36,7 @@ struct DecodeSplit {
 /// Depends only on L, the problem's constants and the tile size (never the batch).
 __device__ __forceinline__ DecodeSplit decode_split(const AttentionArgs& a, int L) {
   const int tile = a.split_tile;
-  const int first = a.window_left >= 0 ? max(L - a.q_len_per_req - a.window_left, 0) : 0;
+  const int first = static_cast<int>(a.mask.first_key(L, a.q_len_per_req));
   DecodeSplit s;
   s.t0 = first / tile;
   s.nt = max((L + tile - 1) / tile - s.t0, 0);

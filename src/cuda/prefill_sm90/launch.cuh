@@ -70,7 +70,7 @@ void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, i
   p.space.batch = prob.batch;
   p.space.tokens = tokens_per_tile(Pol::kBlockM, p.pack);
   p.space.block_n = Pol::kBlockN;
-  p.space.mask = MaskVariant{prob.causal, prob.window_left};
+  p.space.mask = prob.mask();
   char* ws = static_cast<char*>(prob.workspace);
   p.count = reinterpret_cast<const int*>(ws);
   p.list = reinterpret_cast<const int2*>(ws + PlanLayout::list_offset(prob.batch));
