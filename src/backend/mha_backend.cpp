@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/buffers.h"
+#include "core/checks.h"
 #include "core/side_stream.h"
 #include "pagedmha/error.h"
 
@@ -91,7 +92,10 @@ MhaBackend::MhaBackend(const BackendConfig& config) : config_(config) {
   const BackendConfig& c = config_;
   if (c.page_size < 1) fail("config.page_size", ">= 1", str(c.page_size));
   if (c.context_len < 1) fail("config.context_len", ">= 1", str(c.context_len));
-  if (c.max_bs < 1) fail("config.max_bs", ">= 1", str(c.max_bs));
+  // The metadata buffers hold max_bs (x N) rows of up to ceil(context_len / page_size)
+  // int32 page ids, and row indices are int32: bounds keep every size product in range.
+  constexpr int kMaxBatch = 1 << 20;
+  if (c.max_bs < 1 || c.max_bs > kMaxBatch) fail("config.max_bs", "1.." + str(kMaxBatch), str(c.max_bs));
   if (c.spec_num_tokens < 1 || c.spec_num_tokens > 8 || c.spec_num_tokens > c.context_len) {
     fail("config.spec_num_tokens", "1..8 and <= context_len", str(c.spec_num_tokens));
   }
@@ -106,6 +110,10 @@ MhaBackend::MhaBackend(const BackendConfig& config) : config_(config) {
   const int N = c.spec_num_tokens;
   max_num_pages_ = static_cast<int>(ceil_div(c.context_len, c.page_size));
   max_rows_ = int64_t{c.max_bs} * (block_draft() ? N : 1);
+  if (max_rows_ * max_num_pages_ > (int64_t{1} << 34)) {
+    fail("config.max_bs", "max_bs x ceil(context_len / page_size) page ids at most 2^34 (the page-table buffer)",
+         str(c.max_bs) + " x " + str(max_num_pages_));
+  }
 
   std::vector<int32_t> host(static_cast<std::size_t>(max_rows_ + 1));
   for (int64_t i = 0; i <= max_rows_; ++i) host[i] = static_cast<int32_t>(i);
@@ -539,23 +547,50 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   const bool fp8 = config_.kv_cache_dtype == DType::fp8_e4m3;
   const float k_scale = fp8 ? layer.k_scale : 1.0f;
   const float v_scale = fp8 ? layer.v_scale : 1.0f;
+  // The layer's attention fields, named as the engine set them (the ops would name their
+  // own parameters), before anything is written.
+  if (layer.window_left < -1) fail("layer.window_left", ">= -1 (-1: no window)", str(layer.window_left));
+  if (!std::isfinite(layer.logits_soft_cap) || layer.logits_soft_cap < 0.0f) {
+    fail("layer.logits_soft_cap", "a finite value >= 0 (0: off)", std::to_string(layer.logits_soft_cap));
+  }
+  if (fp8) {
+    for (const auto& [x, name] : {std::pair{layer.k_scale, "layer.k_scale"}, std::pair{layer.v_scale, "layer.v_scale"}}) {
+      if (!std::isfinite(x) || x <= 0.0f) fail(name, "a finite value > 0", std::to_string(x));
+    }
+  }
+  if (layer.sinks.defined()) {
+    const TensorView& sk = layer.sinks;
+    if (sk.dtype != DType::fp32 || sk.ndim != 1 || sk.size(0) != Hq || sk.device != config_.device) {
+      fail("layer.sinks", "fp32 [" + str(Hq) + "] (one per query head) on " + config_.device.str(),
+           std::string(dtype_name(sk.dtype)) + " " + sk.shape_str() + " on " + sk.device.str());
+    }
+    if (sk.device.is_cpu()) {
+      for (int64_t h = 0; h < Hq; ++h) {
+        const float x = static_cast<const float*>(sk.data)[h * sk.stride(0)];
+        if (std::isnan(x) || x == std::numeric_limits<float>::infinity()) {
+          fail("layer.sinks", "finite values or -inf", std::to_string(x) + " at index " + str(h));
+        }
+      }
+    }
+  }
 
-  if (save_kv_cache && k.defined()) {
-    const TensorView loc = select_loc(layer, &md, out_cache_loc);
+  TensorView loc, k3, v3;
+  const bool save = save_kv_cache && k.defined();
+  if (save) {
+    loc = select_loc(layer, &md, out_cache_loc);
     if (!loc.defined()) fail("out_cache_loc", "int32 write slots when saving K/V", "undefined");
-    const TensorView k3 = rows3(k, Hkv, D, "k");
-    const TensorView v3 = rows3(v, Hkv, D, "v");
+    k3 = rows3(k, Hkv, D, "k");
+    v3 = rows3(v, Hkv, D, "v");
     // Exactly the step's T tokens: a short k or slot list would silently drop KV entries.
     if (k3.size(0) != T) fail("k", str(T) + " rows (the step's tokens)", k.shape_str());
     if (v3.size(0) != T) fail("v", str(T) + " rows (the step's tokens)", v.shape_str());
     if (loc.ndim != 1 || loc.size(0) < T) {
       fail("out_cache_loc", "int32 [>= " + str(T) + "] write slots (the step's tokens)", loc.shape_str());
     }
-    append_kv(k3, v3, kv.k_cache, kv.v_cache, loc.slice(0, 0, T), config_.page_size, k_scale, v_scale, s);
   }
-  if (T == 0) return out2;
 
-  const TensorView table = md.groups.empty() ? md.page_table : layer_group(layer, md).page_table;
+  const TensorView table = T == 0 ? TensorView{}
+                                  : (md.groups.empty() ? md.page_table : layer_group(layer, md).page_table);
   AttentionParams params;
   params.bmm1_scale = scaling * k_scale;
   params.bmm2_scale = v_scale;  // upstream leaves this at 1: v_scale never reaches the reads
@@ -564,63 +599,109 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   params.sinks = layer.sinks;
   const Device dev = config_.device;
   const TensorView workspace = workspace_.bytes() > 0 ? workspace_.bytes_view() : TensorView{};
-  auto decode = [&](const TensorView& q_rows, const TensorView& out_rows, const TensorView& table_rows,
-                    const TensorView& seq_lens, int q_len, Stream stream) {
-    batch_decode(q_rows, kv.k_cache, kv.v_cache, table_rows, seq_lens, config_.page_size, q_len, out_rows, params,
-                 {}, workspace, stream);
-  };
-  if (md.ragged) {
-    const TensorView plan_ws = prefill_workspace_.bytes() > 0 ? prefill_workspace_.bytes_view() : TensorView{};
-    // Trailing 1-query rows go to batch_decode when its workspace fits (it always does
-    // once the geometry is registered); the prefill tiles then cover only the extend rows.
-    const int64_t n_dec = md.decode_rows, n_pre = md.batch - n_dec, t_pre = T - n_dec;
-    const bool split =
-        n_dec > 0 && decode_workspace_size(dev, n_dec, 1, Hq, Hkv, D) <= workspace_.bytes();
-    if (!split) {
-      batch_prefill(q3, kv.k_cache, kv.v_cache, table, md.cache_seqlens, md.cu_seqlens_q, config_.page_size,
-                    md.max_seq_len_q, out3, params, {}, plan_ws, s);
-      return out2;
-    }
-    // On CUDA the two kernels share the GPU: the compute-bound prefill tiles go first, the
-    // memory-bound decode rows follow on a higher-priority side stream and take SMs as
-    // prefill tiles retire (they read the same cache and write disjoint output rows).
-    // A throw between fork and join still joins (an unjoined fork would break a capture).
-    struct JoinOnThrow {
-      detail::SideStream* side;
-      Stream main;
-      ~JoinOnThrow() {
-        if (!side) return;
-        try {
-          side->join(main);
-        } catch (...) {  // already unwinding from the first error
+  const TensorView plan_ws = prefill_workspace_.bytes() > 0 ? prefill_workspace_.bytes_view() : TensorView{};
+  const std::string who = std::string("MhaBackend.") + op;
+
+  // The step's attention as at most two op calls: a prefill over the leading extend rows
+  // and a decode over the trailing one-query rows (all of them for decode steps).
+  struct Plan {
+    int64_t t_pre = 0, n_pre = 0, n_dec = 0;  // prefill tokens / rows, decode rows
+    int dec_q_len = 1;
+  } plan;
+  if (T > 0) {
+    if (md.ragged) {
+      // Trailing 1-query rows go to batch_decode when its workspace fits (it always does
+      // once the geometry is registered); the prefill tiles then cover only the extend rows.
+      const int64_t n_dec = md.decode_rows;
+      const bool split = n_dec > 0 && decode_workspace_size(dev, n_dec, 1, Hq, Hkv, D) <= workspace_.bytes();
+      plan.n_dec = split ? n_dec : 0;
+      plan.n_pre = md.batch - plan.n_dec;
+      plan.t_pre = T - plan.n_dec;
+    } else {
+      const std::size_t need = decode_workspace_size(dev, md.batch, md.max_seq_len_q, Hq, Hkv, D);
+      if (need > workspace_.bytes()) {  // never allocated here: this may run under graph capture
+        const std::string geometry = "Hq " + str(Hq) + ", Hkv " + str(Hkv) + ", D " + str(D);
+        if (config_.workspace_bytes > 0) {
+          fail("config.workspace_bytes", ">= " + std::to_string(need) + " for this layer's decode (" + geometry + ")",
+               std::to_string(config_.workspace_bytes));
         }
+        fail("layer", "a geometry the decode workspace was sized for (config.num_q_heads / num_kv_heads / "
+             "head_dim, or register_layers before the first step)", geometry);
       }
-    } guard{t_pre > 0 ? side_.get() : nullptr, s};
-    const Stream aux = t_pre > 0 ? side_->fork(s) : s;
-    if (t_pre > 0) {
-      batch_prefill(q3.slice(0, 0, t_pre), kv.k_cache, kv.v_cache, table.slice(0, 0, n_pre),
-                    md.cache_seqlens.slice(0, 0, n_pre), md.cu_seqlens_q.slice(0, 0, n_pre + 1), config_.page_size,
-                    md.prefill_max_seq_len_q, out3.slice(0, 0, t_pre), params, {}, plan_ws, s);
+      plan.n_dec = md.batch;
+      plan.dec_q_len = md.max_seq_len_q;
     }
-    decode(q3.slice(0, t_pre, n_dec), out3.slice(0, t_pre, n_dec), table.slice(0, n_pre, n_dec),
-           md.cache_seqlens.slice(0, n_pre, n_dec), 1, aux);
-    if (guard.side) {
-      guard.side = nullptr;
-      side_->join(s);
-    }
+  }
+  const int64_t r_dec = plan.t_pre;  // first q row of the decode call
+  auto prefill_rows = [&](auto&& f) {
+    f(q3.slice(0, 0, plan.t_pre), table.slice(0, 0, plan.n_pre), md.cache_seqlens.slice(0, 0, plan.n_pre),
+      md.cu_seqlens_q.slice(0, 0, plan.n_pre + 1), plan.n_dec > 0 ? md.prefill_max_seq_len_q : md.max_seq_len_q,
+      out3.slice(0, 0, plan.t_pre));
+  };
+  auto decode_rows = [&](auto&& f) {
+    if (!md.ragged) return f(q3, table, md.cache_seqlens, out3);
+    f(q3.slice(0, r_dec, T - r_dec), table.slice(0, plan.n_pre, plan.n_dec),
+      md.cache_seqlens.slice(0, plan.n_pre, plan.n_dec), out3.slice(0, r_dec, T - r_dec));
+  };
+
+  // Everything is checked before anything is written: a rejected call leaves the cache,
+  // the outputs and this backend as they were.
+  if (plan.t_pre > 0) {
+    prefill_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& cu, int mq,
+                     const TensorView& orr) {
+      detail::check_batch_prefill(who.c_str(), qr, kv.k_cache, kv.v_cache, tr, sl, cu, config_.page_size, mq, orr,
+                                  params, {}, plan_ws);
+    });
+  }
+  if (plan.n_dec > 0) {
+    decode_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& orr) {
+      detail::check_batch_decode(who.c_str(), qr, kv.k_cache, kv.v_cache, tr, sl, config_.page_size, plan.dec_q_len,
+                                 orr, params, {}, workspace);
+    });
+  }
+  if (save) append_kv(k3, v3, kv.k_cache, kv.v_cache, loc.slice(0, 0, T), config_.page_size, k_scale, v_scale, s);
+  if (T == 0) return out2;
+
+  auto run_prefill = [&](Stream stream) {
+    prefill_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& cu, int mq,
+                     const TensorView& orr) {
+      batch_prefill(qr, kv.k_cache, kv.v_cache, tr, sl, cu, config_.page_size, mq, orr, params, {}, plan_ws, stream);
+    });
+  };
+  auto run_decode = [&](Stream stream) {
+    decode_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& orr) {
+      batch_decode(qr, kv.k_cache, kv.v_cache, tr, sl, config_.page_size, plan.dec_q_len, orr, params, {}, workspace,
+                   stream);
+    });
+  };
+  if (plan.n_dec == 0) {
+    run_prefill(s);
     return out2;
   }
-  const std::size_t need = decode_workspace_size(dev, md.batch, md.max_seq_len_q, Hq, Hkv, D);
-  if (need > workspace_.bytes()) {  // never allocated here: this may run under graph capture
-    const std::string geometry = "Hq " + str(Hq) + ", Hkv " + str(Hkv) + ", D " + str(D);
-    if (config_.workspace_bytes > 0) {
-      fail("config.workspace_bytes", ">= " + std::to_string(need) + " for this layer's decode (" + geometry + ")",
-           std::to_string(config_.workspace_bytes));
-    }
-    fail("layer", "a geometry the decode workspace was sized for (config.num_q_heads / num_kv_heads / "
-         "head_dim, or register_layers before the first step)", geometry);
+  if (plan.t_pre == 0) {
+    run_decode(s);
+    return out2;
   }
-  decode(q3, out3, table, md.cache_seqlens, md.max_seq_len_q, s);
+  // On CUDA the two kernels share the GPU: the compute-bound prefill tiles go first, the
+  // memory-bound decode rows follow on a higher-priority side stream and take SMs as
+  // prefill tiles retire (they read the same cache and write disjoint output rows).
+  // A throw between fork and join still joins (an unjoined fork would break a capture).
+  struct JoinOnThrow {
+    detail::SideStream* side;
+    Stream main;
+    ~JoinOnThrow() {
+      if (!side) return;
+      try {
+        side->join(main);
+      } catch (...) {  // already unwinding from the first error
+      }
+    }
+  } guard{side_.get(), s};
+  const Stream aux = side_->fork(s);
+  run_prefill(s);
+  run_decode(aux);
+  guard.side = nullptr;
+  side_->join(s);
   return out2;
 }
 

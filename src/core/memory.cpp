@@ -50,12 +50,14 @@ Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device
 }
 
 Buffer Buffer::empty(std::initializer_list<int64_t> shape, DType dtype, Device device) {
-  int64_t n = 1;
+  int64_t n = static_cast<int64_t>(dtype_size(dtype));
   for (int64_t s : shape) {
     if (s < 0) throw_invalid_argument("Buffer::empty", "shape", "non-negative sizes", std::to_string(s));
-    n *= s;
+    if (__builtin_mul_overflow(n, s, &n)) {
+      throw_invalid_argument("Buffer::empty", "shape", "at most 2^63 - 1 bytes", "a product overflowing 64 bits");
+    }
   }
-  return Buffer(static_cast<std::size_t>(n) * dtype_size(dtype), device);
+  return Buffer(static_cast<std::size_t>(n), device);
 }
 
 Buffer::~Buffer() {

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "core/checks.h"
 #include "core/problem.h"
 #include "core/validate.h"
 #include "cpu/cpu_ops.h"
@@ -231,6 +232,7 @@ void append_kv(const TensorView& k, const TensorView& v, const TensorView& k_cac
   if (k_cache.data == v_cache.data && k_cache.numel() > 0) {
     chk.fail("v_cache", "memory distinct from k_cache (append_kv writes both)", "the same base pointer as k_cache");
   }
+  chk.disjoint(v_cache, "v_cache", k_cache, "k_cache");
   if (k.size(1) != p.kv.num_kv_heads || k.size(2) != p.kv.head_dim) {
     chk.fail("k", "shape [*, " + str(p.kv.num_kv_heads) + ", " + str(p.kv.head_dim) + "] (the cache's heads)",
              k.shape_str());
@@ -272,11 +274,14 @@ void append_kv(const TensorView& k, const TensorView& v, const TensorView& k_cac
 #endif
 }
 
-void batch_decode(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
-                  const TensorView& page_table, const TensorView& seq_lens, int page_size, int q_len_per_req,
-                  const TensorView& out, const AttentionParams& params, const TensorView& lse,
-                  const TensorView& workspace, Stream stream) {
-  const ArgCheck chk("batch_decode");
+namespace {
+
+// batch_decode's checks (all but the device-side values): the problem to run.
+detail::AttentionProblem resolve_decode(const ArgCheck& chk, const TensorView& q, const TensorView& k_cache,
+                                        const TensorView& v_cache, const TensorView& page_table,
+                                        const TensorView& seq_lens, int page_size, int q_len_per_req,
+                                        const TensorView& out, const AttentionParams& params, const TensorView& lse,
+                                        const TensorView& workspace) {
   detail::AttentionProblem p = resolve_attention(chk, q, k_cache, v_cache, page_table, seq_lens, page_size, out,
                                                  params, lse, {&workspace, "workspace"});
   chk.int_at_least(q_len_per_req, "q_len_per_req", 1);
@@ -288,7 +293,6 @@ void batch_decode(const TensorView& q, const TensorView& k_cache, const TensorVi
   p.q_len_per_req = q_len_per_req;
   p.max_q_len = q_len_per_req;
   p.causal = true;  // params.causal is a batch_prefill option
-  p.stream = stream.handle;
   if (workspace.defined()) {
     chk.ndim(workspace, "workspace", 1);
     chk.dtype(workspace, "workspace", DType::uint8);
@@ -302,6 +306,19 @@ void batch_decode(const TensorView& q, const TensorView& k_cache, const TensorVi
     chk.fail("workspace", "at least " + std::to_string(need) + " bytes (decode_workspace_size)",
              std::to_string(p.workspace_bytes) + " bytes");
   }
+  return p;
+}
+
+}  // namespace
+
+void batch_decode(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                  const TensorView& page_table, const TensorView& seq_lens, int page_size, int q_len_per_req,
+                  const TensorView& out, const AttentionParams& params, const TensorView& lse,
+                  const TensorView& workspace, Stream stream) {
+  const ArgCheck chk("batch_decode");
+  detail::AttentionProblem p = resolve_decode(chk, q, k_cache, v_cache, page_table, seq_lens, page_size,
+                                              q_len_per_req, out, params, lse, workspace);
+  p.stream = stream.handle;
   if (p.batch == 0) return;
   run_attention(chk, p, /*decode=*/true);
 }
@@ -338,11 +355,14 @@ std::size_t prefill_workspace_size(Device device, int64_t batch, int64_t total_q
 #endif
 }
 
-void batch_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
-                   const TensorView& page_table, const TensorView& seq_lens, const TensorView& cu_seqlens_q,
-                   int page_size, int max_q_len, const TensorView& out, const AttentionParams& params,
-                   const TensorView& lse, const TensorView& workspace, Stream stream) {
-  const ArgCheck chk("batch_prefill");
+namespace {
+
+// batch_prefill's checks (all but the device-side values): the problem to run.
+detail::AttentionProblem resolve_prefill(const ArgCheck& chk, const TensorView& q, const TensorView& k_cache,
+                                         const TensorView& v_cache, const TensorView& page_table,
+                                         const TensorView& seq_lens, const TensorView& cu_seqlens_q, int page_size,
+                                         int max_q_len, const TensorView& out, const AttentionParams& params,
+                                         const TensorView& lse, const TensorView& workspace) {
   detail::AttentionProblem p = resolve_attention(chk, q, k_cache, v_cache, page_table, seq_lens, page_size, out,
                                                  params, lse, {&cu_seqlens_q, "cu_seqlens_q"});
   same_device(chk, p.device, {{&workspace, "workspace"}});
@@ -350,7 +370,6 @@ void batch_prefill(const TensorView& q, const TensorView& k_cache, const TensorV
   chk.int_at_least(max_q_len, "max_q_len", p.num_rows > 0 ? 1 : 0);
   p.cu_seqlens_q = cu_seqlens_q.ptr<const int32_t>();
   p.max_q_len = max_q_len;
-  p.stream = stream.handle;
   if (workspace.defined()) {
     chk.ndim(workspace, "workspace", 1);
     chk.dtype(workspace, "workspace", DType::uint8);
@@ -364,12 +383,49 @@ void batch_prefill(const TensorView& q, const TensorView& k_cache, const TensorV
     chk.fail("workspace", "at least " + std::to_string(need) + " bytes (prefill_workspace_size)",
              std::to_string(p.workspace_bytes) + " bytes");
   }
+  return p;
+}
+
+}  // namespace
+
+void batch_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                   const TensorView& page_table, const TensorView& seq_lens, const TensorView& cu_seqlens_q,
+                   int page_size, int max_q_len, const TensorView& out, const AttentionParams& params,
+                   const TensorView& lse, const TensorView& workspace, Stream stream) {
+  const ArgCheck chk("batch_prefill");
+  detail::AttentionProblem p = resolve_prefill(chk, q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q,
+                                               page_size, max_q_len, out, params, lse, workspace);
+  p.stream = stream.handle;
   if (p.batch == 0 || p.num_rows == 0) {
     if (p.device.is_cpu()) check_attention_values(chk, p);
     return;
   }
   run_attention(chk, p, /*decode=*/false);
 }
+
+namespace detail {
+
+void check_batch_decode(const char* op, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                        const TensorView& page_table, const TensorView& seq_lens, int page_size, int q_len_per_req,
+                        const TensorView& out, const AttentionParams& params, const TensorView& lse,
+                        const TensorView& workspace) {
+  const ArgCheck chk(op);
+  const AttentionProblem p = resolve_decode(chk, q, k_cache, v_cache, page_table, seq_lens, page_size, q_len_per_req,
+                                            out, params, lse, workspace);
+  if (p.device.is_cpu() && p.batch > 0) check_attention_values(chk, p);
+}
+
+void check_batch_prefill(const char* op, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                         const TensorView& page_table, const TensorView& seq_lens, const TensorView& cu_seqlens_q,
+                         int page_size, int max_q_len, const TensorView& out, const AttentionParams& params,
+                         const TensorView& lse, const TensorView& workspace) {
+  const ArgCheck chk(op);
+  const AttentionProblem p = resolve_prefill(chk, q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q,
+                                             page_size, max_q_len, out, params, lse, workspace);
+  if (p.device.is_cpu()) check_attention_values(chk, p);
+}
+
+}  // namespace detail
 
 void gather_page_table_with_padding(const TensorView& req_to_page, const TensorView& req_pool_indices,
                                     const TensorView& seq_lens, const TensorView& out, int bs, int cols,

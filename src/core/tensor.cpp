@@ -50,11 +50,13 @@ TensorView TensorView::from_arrays(void* data, DType dtype, Device device, int n
   t.dtype = dtype;
   t.device = device;
   t.ndim = ndim;
+  for (int d = 0; d < ndim; ++d) t.shape[d] = shape[d];
   int64_t running = 1;
   for (int d = ndim - 1; d >= 0; --d) {
-    t.shape[d] = shape[d];
     t.strides[d] = strides ? strides[d] : running;
-    running *= shape[d];
+    if (!strides && d > 0 && __builtin_mul_overflow(running, shape[d], &running)) {
+      throw_invalid_argument("TensorView", "shape", "at most 2^63 - 1 elements (row-major strides)", t.shape_str());
+    }
   }
   return t;
 }
@@ -81,7 +83,11 @@ TensorView::TensorView(void* data, DType dtype, Device device, std::initializer_
 int64_t TensorView::numel() const {
   if (!defined()) return 0;
   int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  for (int d = 0; d < ndim; ++d) {
+    if (__builtin_mul_overflow(n, shape[d], &n)) {
+      throw_invalid_argument("TensorView", "shape", "at most 2^63 - 1 elements", shape_str());
+    }
+  }
   return n;
 }
 

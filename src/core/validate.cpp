@@ -1,9 +1,10 @@
 #include "core/validate.h"
 
-#include <utility>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include "pagedmha/error.h"
 
@@ -37,6 +38,21 @@ void ArgCheck::defined(const TensorView& t, const char* arg) const {
   if (!t.defined()) fail(arg, "a tensor", "an undefined (absent) view");
   for (int d = 0; d < t.ndim; ++d) {
     if (t.shape[d] < 0) fail(arg, "non-negative sizes", "shape " + t.shape_str());
+  }
+  // Element count and the byte extent the strides reach, in checked 64-bit arithmetic: a
+  // wrapped size would defeat every later size, overlap and bounds check.
+  int64_t n = 1, extent = 0;
+  bool over = false;
+  for (int d = 0; d < t.ndim && !over; ++d) {
+    const int64_t s = t.strides[d] < 0 ? -t.strides[d] : t.strides[d];
+    int64_t step = 0;
+    over = __builtin_mul_overflow(n, t.shape[d], &n) ||
+           (t.shape[d] > 0 && (__builtin_mul_overflow(s, t.shape[d] - 1, &step) ||
+                               __builtin_add_overflow(extent, step, &extent)));
+  }
+  int64_t bytes = 0;
+  if (over || __builtin_mul_overflow(extent + 1, static_cast<int64_t>(dtype_size(t.dtype)), &bytes)) {
+    fail(arg, "a view of at most 2^63 bytes", "shape " + t.shape_str() + " with strides " + strides_str(t));
   }
 }
 
@@ -120,6 +136,64 @@ void ArgCheck::no_self_overlap(const TensorView& t, const char* arg) const {
            "shape " + t.shape_str() + " with strides " + strides_str(t));
     }
     span += mag(d) * (t.shape[d] - 1);
+  }
+}
+
+namespace {
+
+// Whether delta = sum_d i_d * stride_d for some |i_d| < shape_d, dims visited by
+// decreasing |stride| (a layout whose strides nest, which no_self_overlap ensures): at
+// each dim only the two nearest multiples can leave a remainder the smaller dims reach.
+bool reachable(int64_t delta, const int64_t* stride, const int64_t* size, const int64_t* below, int n) {
+  if (n == 0) return delta == 0;
+  const int64_t s = stride[0], m = size[0] - 1;
+  if (s == 0) return reachable(delta, stride + 1, size + 1, below + 1, n - 1);
+  const int64_t q = delta / s;
+  for (int64_t i : {q - 1, q, q + 1}) {
+    if (i < -m || i > m) continue;
+    const int64_t r = delta - i * s;
+    if ((r < 0 ? -r : r) <= below[0] && reachable(r, stride + 1, size + 1, below + 1, n - 1)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void ArgCheck::disjoint(const TensorView& t, const char* arg, const TensorView& other, const char* other_arg) const {
+  if (t.numel() == 0 || other.numel() == 0) return;
+  const int64_t es = static_cast<int64_t>(dtype_size(t.dtype));
+  const auto lo = reinterpret_cast<intptr_t>(t.data), olo = reinterpret_cast<intptr_t>(other.data);
+  bool same_layout = t.dtype == other.dtype && t.ndim == other.ndim;
+  for (int d = 0; same_layout && d < t.ndim; ++d) {
+    same_layout = t.shape[d] == other.shape[d] && t.strides[d] == other.strides[d] && t.strides[d] >= 0;
+  }
+  bool overlap;
+  if (same_layout && (olo - lo) % es == 0) {
+    int64_t stride[TensorView::kMaxDims], size[TensorView::kMaxDims], below[TensorView::kMaxDims];
+    int order[TensorView::kMaxDims], n = 0;
+    for (int d = 0; d < t.ndim; ++d) {
+      if (t.shape[d] > 1) order[n++] = d;
+    }
+    std::sort(order, order + n, [&](int a, int b) { return t.strides[a] > t.strides[b]; });
+    for (int i = 0; i < n; ++i) stride[i] = t.strides[order[i]], size[i] = t.shape[order[i]];
+    int64_t span = 0;
+    for (int i = n - 1; i >= 0; --i) {
+      below[i] = span;
+      span += stride[i] * (size[i] - 1);
+    }
+    overlap = reachable((olo - lo) / es, stride, size, below, n);
+  } else {
+    // Byte ranges (strides are non-negative for the caches this guards).
+    auto extent = [](const TensorView& v) {
+      int64_t e = 0;
+      for (int d = 0; d < v.ndim; ++d) e += (v.strides[d] < 0 ? -v.strides[d] : v.strides[d]) * (v.shape[d] - 1);
+      return (e + 1) * static_cast<int64_t>(dtype_size(v.dtype));
+    };
+    overlap = lo < olo + extent(other) && olo < lo + extent(t);
+  }
+  if (overlap) {
+    fail(arg, std::string("memory disjoint from ") + other_arg + " (both are written)",
+         std::string("a view sharing elements with ") + other_arg);
   }
 }
 

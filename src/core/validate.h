@@ -38,6 +38,10 @@ class ArgCheck {
   /// No two indices address the same element (outputs and caches that the op writes):
   /// rejects stride 0 on a dim of size > 1 and strides that step inside another dim.
   void no_self_overlap(const TensorView& t, const char* arg) const;
+  /// No element of `t` is an element of `other` (two outputs the op writes). Views of one
+  /// layout (K and V interleaved in one allocation) are compared element-exactly; views
+  /// of different layouts must not share a byte.
+  void disjoint(const TensorView& t, const char* arg, const TensorView& other, const char* other_arg) const;
   /// t.size(dim) as an int; fails when it exceeds 2^31 - 1.
   int int32_size(const TensorView& t, const char* arg, int dim) const;
   /// int32, 1-d, contiguous, on `dev`, exactly `len` elements (len < 0: any length).

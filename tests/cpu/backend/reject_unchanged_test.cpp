@@ -1,0 +1,122 @@
+// A rejected forward call changes nothing (issue: the backend wrote the step's K/V before
+// the attention arguments were checked): for every kind of rejected argument, decode and
+// extend steps, the pool and the output are bitwise what they were, and the error names
+// the backend call and the layer field (not an inner op's parameter).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "backend_fixture.h"
+
+namespace btest {
+namespace {
+
+using V = std::vector<int32_t>;
+constexpr int Hq = 4, Hkv = 2, D = 64, P = 4, C = 32, kMaxBs = 4;
+
+uint64_t checksum(const std::vector<uint8_t>& bytes) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+  return h;
+}
+
+struct Case {
+  const char* name;
+  std::function<void(LayerSpec&)> layer;  // edits the layer
+  std::vector<const char*> what;           // pieces the message must hold
+  bool f32_q = false, strided_q = false, f32_out = false;
+};
+
+class RejectUnchanged : public ::testing::TestWithParam<bool> {};  // param: extend step
+
+TEST_P(RejectUnchanged, PoolAndOutputBitwiseUnchanged) {
+  const bool extend = GetParam();
+  std::mt19937 rng(11);
+  Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
+  V t(static_cast<size_t>(kMaxBs + 1) * (C / P), 0);
+  for (int i = 1; i <= kMaxBs; ++i)
+    for (int c = 0; c < C / P; ++c) t[static_cast<size_t>(i) * (C / P) + c] = 1 + (i - 1) * (C / P) + c;
+  Ints r2p(t, kMaxBs + 1, C / P);
+  BackendConfig cfg;
+  cfg.page_size = P, cfg.context_len = C, cfg.max_bs = kMaxBs;
+  cfg.num_q_heads = Hq, cfg.num_kv_heads = Hkv, cfg.head_dim = D;
+  MhaBackend be(cfg);
+  // Two requests: decode (one token each) or extend (3 + 2 new tokens after 2 + 4 cached).
+  Ints seq(extend ? V{5, 6} : V{5, 6}), rpi({1, 2}), ext({3, 2}), prefix({2, 4});
+  ForwardBatch fb;
+  fb.forward_mode = extend ? ForwardMode::extend : ForwardMode::decode;
+  fb.batch_size = 2;
+  fb.seq_lens = seq.view();
+  fb.req_pool_indices = rpi.view();
+  fb.req_to_page = r2p.view();
+  if (extend) {
+    fb.extend_seq_lens_cpu = ext.view();
+    fb.extend_prefix_lens_cpu = prefix.view();
+  }
+  be.init_forward_metadata(fb);
+  const int T = extend ? 5 : 2;
+  // Slots of the new tokens: request 1 uses pages 1.., request 2 pages 9..
+  Ints loc(extend ? V{1 * P + 2, 1 * P + 3, 2 * P + 0, 9 * P + 0, 9 * P + 1} : V{1 * P + 0, 10 * P + 1});
+  Floats q(DType::bf16, {T, Hq * D}), k(DType::bf16, {T, Hkv * D}), v(DType::bf16, {T, Hkv * D}),
+      out(DType::bf16, {T, Hq * D}), q32(DType::fp32, {T, Hq * D}), out32(DType::fp32, {T, Hq * D});
+  q.randomize(rng), k.randomize(rng), v.randomize(rng), out.randomize(rng);
+  Floats q_wide(DType::bf16, {T, Hq, 2 * D});  // last dim strided: every other element
+  q_wide.randomize(rng);
+  const int64_t strided_shape[3] = {T, Hq, D}, strided_strides[3] = {int64_t{Hq} * 2 * D, 2 * D, 2};
+  const TensorView q_strided =
+      TensorView::from_arrays(q_wide.bytes.data(), DType::bf16, Device::cpu(), 3, strided_shape, strided_strides);
+  float sinks_nan[Hq] = {0.0f, std::numeric_limits<float>::quiet_NaN(), 1.0f, 2.0f}, sinks3[3] = {0, 1, 2};
+
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<Case> cases = {
+      {"window_left -2", [](LayerSpec& l) { l.window_left = -2; }, {"layer.window_left", "-2"}},
+      {"soft-cap -1", [](LayerSpec& l) { l.logits_soft_cap = -1.0f; }, {"layer.logits_soft_cap"}},
+      {"soft-cap NaN", [&](LayerSpec& l) { l.logits_soft_cap = nan; }, {"layer.logits_soft_cap", "nan"}},
+      {"NaN sinks", [&](LayerSpec& l) { l.sinks = TensorView(sinks_nan, DType::fp32, Device::cpu(), {Hq}); },
+       {"layer.sinks", "index 1"}},
+      {"sinks of 3", [&](LayerSpec& l) { l.sinks = TensorView(sinks3, DType::fp32, Device::cpu(), {3}); },
+       {"layer.sinks", "[4]", "[3]"}},
+      {"fp32 q", [](LayerSpec&) {}, {"MhaBackend", "q"}, true},
+      {"strided q", [](LayerSpec&) {}, {"MhaBackend", "q"}, false, true},
+      {"fp32 out", [](LayerSpec&) {}, {"MhaBackend", "out"}, false, false, true},
+  };
+  for (const Case& c : cases) {
+    LayerSpec spec = layer.spec;
+    c.layer(spec);
+    const uint64_t k0 = checksum(layer.k.bytes), v0 = checksum(layer.v.bytes), o0 = checksum(out.bytes);
+    const TensorView qv = c.f32_q ? q32.view() : c.strided_q ? q_strided : q.view();
+    const TensorView ov = c.f32_out ? out32.view() : out.view();
+    try {
+      if (extend) {
+        be.forward_extend(qv, k.view(), v.view(), spec, layer.kv(), loc.view(), 2, ov);
+      } else {
+        be.forward_decode(qv, k.view(), v.view(), spec, layer.kv(), loc.view(), 2, ov);
+      }
+      ADD_FAILURE() << c.name << ": expected an Error";
+    } catch (const Error& e) {
+      for (const char* w : c.what) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << c.name << ": " << e.what();
+      EXPECT_EQ(std::string(e.what()).find("batch_decode"), std::string::npos) << c.name << ": " << e.what();
+      EXPECT_EQ(std::string(e.what()).find("batch_prefill"), std::string::npos) << c.name << ": " << e.what();
+    }
+    EXPECT_EQ(checksum(layer.k.bytes), k0) << c.name << ": K pool changed";
+    EXPECT_EQ(checksum(layer.v.bytes), v0) << c.name << ": V pool changed";
+    EXPECT_EQ(checksum(out.bytes), o0) << c.name << ": out changed";
+  }
+  // The same call with a valid layer writes the pool (so the checks above could fail).
+  const uint64_t k0 = checksum(layer.k.bytes);
+  if (extend) {
+    be.forward_extend(q.view(), k.view(), v.view(), layer.spec, layer.kv(), loc.view(), 2, out.view());
+  } else {
+    be.forward_decode(q.view(), k.view(), v.view(), layer.spec, layer.kv(), loc.view(), 2, out.view());
+  }
+  EXPECT_NE(checksum(layer.k.bytes), k0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, RejectUnchanged, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "extend" : "decode"; });
+
+}  // namespace
+}  // namespace btest
