@@ -9,10 +9,12 @@
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/checks.h"
 #include "core/problem.h"
 #include "core/validate.h"
+#include "cpu/convert.h"
 #include "cpu/cpu_ops.h"
 #include "pagedmha/error.h"
 #if PAGEDMHA_WITH_CUDA
@@ -187,14 +189,62 @@ void check_attention_values(const ArgCheck& chk, const detail::AttentionProblem&
   }
 }
 
+// The input range inside which no finite input overflows fp32 (docs/semantics.md):
+// |q_i k_i| <= 2^112 keeps every dot product of D <= 256 terms finite, and sums of up to
+// 2^31 weights <= 1 times |v| <= 2^56 stay finite.
+constexpr float kMaxInputMagnitude = 72057594037927936.0f;  // 2^56
+
+// Debug validation on the CPU: q and the K / V rows a request reads are in range.
+void check_input_range(const ArgCheck& chk, const detail::AttentionProblem& p) {
+  const int D = p.head_dim;
+  std::vector<float> row(static_cast<std::size_t>(D));
+  const auto in_range = [&](const void* base, DType t, int64_t off) {
+    if (t == DType::fp8_e4m3) return true;  // e4m3 is within +-448
+    cpu::load_row(cpu::offset(base, t, off), t, D, row.data());
+    for (float x : row) {
+      if (!(std::fabs(x) <= kMaxInputMagnitude)) return false;  // NaN fails too
+    }
+    return true;
+  };
+  const char* expect = "finite values of magnitude <= 2^56 (docs/semantics.md: larger ones may overflow fp32)";
+  for (int b = 0; b < p.batch; ++b) {
+    const int64_t row0 = p.cu_seqlens_q ? p.cu_seqlens_q[b] : int64_t{b} * p.q_len_per_req;
+    const int64_t n = p.cu_seqlens_q ? p.cu_seqlens_q[b + 1] - row0 : p.q_len_per_req;
+    for (int64_t i = 0; i < n; ++i)
+      for (int h = 0; h < p.num_q_heads; ++h)
+        if (!in_range(p.q, p.q_dtype, (row0 + i) * p.q_row_stride + h * p.q_head_stride))
+          chk.fail("q", expect, "a value outside that range at row " + str(row0 + i) + ", head " + str(h));
+    const int64_t L = p.seq_lens[b];
+    if (n == 0 || L <= 0) continue;
+    const int32_t* table = p.page_table + b * p.page_table_row_stride;
+    for (int64_t j = p.mask().first_key(L, n); j < L; ++j) {
+      const int64_t page = table[j / p.kv.page_size], off = j % p.kv.page_size;
+      for (int h = 0; h < p.num_kv_heads; ++h) {
+        const detail::PagedCache* caches[2] = {&p.kv.k, &p.kv.v};
+        for (int c = 0; c < 2; ++c) {
+          const detail::PagedCache& pc = *caches[c];
+          if (!in_range(pc.data, p.kv.dtype, page * pc.page_stride + off * pc.token_stride + h * pc.head_stride)) {
+            chk.fail(c == 0 ? "k_cache" : "v_cache", expect,
+                     "a value outside that range at key " + str(j) + " of request " + str(b));
+          }
+        }
+      }
+    }
+  }
+}
+
 void run_attention(const ArgCheck& chk, detail::AttentionProblem& p, bool decode) {
   if (p.device.is_cpu()) {
     check_attention_values(chk, p);
+    if (debug_validation()) check_input_range(chk, p);
     cpu::attention(p);
     return;
   }
 #if PAGEDMHA_WITH_CUDA
-  if (debug_validation()) cuda::validate_page_ids(p);
+  if (debug_validation()) {
+    cuda::validate_page_ids(p);
+    cuda::validate_values(p, kMaxInputMagnitude);
+  }
   if (decode) {
     cuda::batch_decode(p);
   } else {

@@ -26,6 +26,10 @@ void metadata(const detail::MetadataProblem& p);
 /// would read lies in [0, num_pages); synchronises; throws Error naming the first bad
 /// (row, column, value).
 void validate_page_ids(const detail::AttentionProblem& p);
+/// Debug validation: q and the K / V rows the problem reads are finite with |x| <= bound
+/// (16-bit dtypes; fp8 is always in range); synchronises; throws Error naming the first
+/// request with a value outside.
+void validate_values(const detail::AttentionProblem& p, float bound);
 /// Debug validation: every out_cache_loc in [0, num_pages * page_size).
 void validate_slots(const detail::AppendKvProblem& p);
 

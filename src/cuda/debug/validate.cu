@@ -3,6 +3,8 @@
 // violation (lowest index) with atomicMin into one 64-bit device word; the host then
 // synchronises and throws Error naming it. Allocates and synchronises: debug mode only,
 // never inside graph capture.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -42,6 +44,52 @@ __global__ void check_page_ids_kernel(const detail::AttentionProblem p, unsigned
     const int32_t id = row[c];
     if (id < 0 || id >= p.kv.num_pages) {
       atomicMin(first, (static_cast<unsigned long long>(r) << 32) | static_cast<unsigned long long>(c + 1));
+    }
+  }
+}
+
+__device__ __forceinline__ float load_value(const void* base, int64_t i, bool bf16) {
+  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i])
+              : __half2float(static_cast<const __half*>(base)[i]);
+}
+
+// Key of an out-of-range input: (request << 32) | kind, kind 1 = q, 2 = k_cache, 3 = v_cache.
+// Reads q's rows of the request and the K / V of the keys its queries can see.
+__global__ void check_values_kernel(const detail::AttentionProblem p, float bound, unsigned long long* first) {
+  const int64_t r = blockIdx.x;
+  const int32_t L = p.seq_lens[r];
+  const int64_t row0 = p.cu_seqlens_q ? p.cu_seqlens_q[r] : r * int64_t{p.q_len_per_req};
+  const int32_t n = p.cu_seqlens_q ? p.cu_seqlens_q[r + 1] - p.cu_seqlens_q[r] : p.q_len_per_req;
+  const auto bad = [&](float x) { return !(fabsf(x) <= bound); };  // NaN fails too
+  const int64_t D = p.head_dim;
+  if (p.q_dtype != DType::fp8_e4m3) {
+    const bool bf16 = p.q_dtype == DType::bf16;
+    const int64_t per_row = int64_t{p.num_q_heads} * D;
+    for (int64_t i = threadIdx.x; i < n * per_row; i += blockDim.x) {
+      const int64_t row = row0 + i / per_row, h = (i % per_row) / D, d = i % D;
+      if (bad(load_value(p.q, row * p.q_row_stride + h * p.q_head_stride + d, bf16))) {
+        atomicMin(first, (static_cast<unsigned long long>(r) << 32) | 1ull);
+        return;
+      }
+    }
+  }
+  if (p.kv.dtype == DType::fp8_e4m3 || L <= 0 || n <= 0) return;  // e4m3 is within +-448
+  const bool bf16 = p.kv.dtype == DType::bf16;
+  const int64_t P = p.kv.page_size, lo = MaskVariant{p.causal, p.window_left}.first_key(L, n);
+  const int64_t per_key = int64_t{p.num_kv_heads} * D;
+  const int32_t* table = p.page_table + r * p.page_table_row_stride;
+  for (int64_t i = threadIdx.x; i < (L - lo) * per_key; i += blockDim.x) {
+    const int64_t pos = lo + i / per_key, h = (i % per_key) / D, d = i % D;
+    const int64_t page = table[pos / P], off = pos % P;
+    if (bad(load_value(p.kv.k.data, page * p.kv.k.page_stride + off * p.kv.k.token_stride + h * p.kv.k.head_stride + d,
+                       bf16))) {
+      atomicMin(first, (static_cast<unsigned long long>(r) << 32) | 2ull);
+      return;
+    }
+    if (bad(load_value(p.kv.v.data, page * p.kv.v.page_stride + off * p.kv.v.token_stride + h * p.kv.v.head_stride + d,
+                       bf16))) {
+      atomicMin(first, (static_cast<unsigned long long>(r) << 32) | 3ull);
+      return;
     }
   }
 }
@@ -108,6 +156,24 @@ void validate_page_ids(const detail::AttentionProblem& p) {
                          "a page id in [0, num_pages) = [0, " + std::to_string(p.kv.num_pages) +
                              ") for seq_len " + std::to_string(len),
                          std::to_string(id));
+}
+
+void validate_values(const detail::AttentionProblem& p, float bound) {
+  if (p.batch == 0) return;
+  DeviceGuard guard(p.device.index);
+  const cudaStream_t stream = as_stream(p.stream);
+  const unsigned long long first = run_check(stream, [&](unsigned long long* flag) {
+    check_values_kernel<<<p.batch, 256, 0, stream>>>(p, bound, flag);
+  });
+  if (first == kNone) return;
+  const int64_t row = static_cast<int64_t>(first >> 32);
+  const int kind = static_cast<int>(first & 0xffffffffull);
+  const char* arg = kind == 1 ? "q" : kind == 2 ? "k_cache" : "v_cache";
+  throw_invalid_argument(p.cu_seqlens_q ? "batch_prefill" : "batch_decode", arg,
+                         "finite values of magnitude <= 2^56 (docs/semantics.md: larger ones may overflow fp32)",
+                         std::string("a value outside that range ") +
+                             (kind == 1 ? "in the queries" : "in a key it reads") + " of request " +
+                             std::to_string(row));
 }
 
 void validate_slots(const detail::AppendKvProblem& p) {
