@@ -1,21 +1,19 @@
 #include "cli.h"
 
-#include <cerrno>
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
-
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
 #include "bench/bench.h"
 #include "check/check.h"
 #include "pagedmha/error.h"
+#include "replay/error_text.h"
+#include "replay/plot.h"
 #include "replay/replay.h"
 
 namespace pagedmha::tools {
@@ -33,6 +31,39 @@ CLI::Validator above(double lo, bool inclusive) {
       want);
 }
 
+// A decimal integer in [0, 2^64): CLI11 alone wraps "-1" and saturates "1e23".
+CLI::Validator uint64_decimal() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        uint64_t v = 0;
+        const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || ec != std::errc() ||
+            p != s.data() + s.size())
+          return "expected an integer in [0, 2^64), got " + escape_bytes(s);
+        return {};
+      },
+      "");
+}
+
+// A probability; NaN passes CLI::Range, so the comparison is written to fail for it.
+CLI::Validator probability() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(s, v) || !(v >= 0.0 && v <= 1.0))
+          return "expected a probability in [0, 1], got " + escape_bytes(s);
+        return {};
+      },
+      "");
+}
+
+// A file name: '' would silently mean "none" (the built-in workload, no report).
+CLI::Validator non_empty(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& s) -> std::string { return s.empty() ? "expected " + what + ", got ''" : std::string(); },
+      "");
+}
+
 void add_replay(CLI::App& app, ReplayOptions& o) {
   CLI::App* c = app.add_subcommand(
       "replay",
@@ -46,11 +77,13 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
       "(32 layers), 1000 built-in requests, --kv-memory 40, --token-budget 8192, --max-running 256, "
       "--check-every 200.");
   c->add_option("--trace", o.trace, "Trace file: Azure LLM inference CSV or Mooncake JSONL (default: the built-in "
-                                    "seeded workload shaped like the Azure conversation trace)");
-  c->add_option("--format", o.format, "Trace format: azure | mooncake | auto (auto: '{' first = mooncake)")
+                                    "seeded workload shaped like the Azure conversation trace)")
+      ->check(non_empty("a trace file name"));
+  c->add_option("--format", o.format, "Trace format of --trace: azure | mooncake | auto (auto: '{' first = mooncake)")
       ->check(CLI::IsMember({"azure", "mooncake", "auto"}))
       ->capture_default_str();
-  c->add_option("--requests", o.requests, "Use the first N requests of the trace (built-in: generate N) [requests]")
+  c->add_option("--requests", o.requests, "Use the first N rows of the trace, queued by arrival time (built-in: "
+                                          "generate N) [requests]")
       ->check(CLI::Range(int64_t{1}, kMaxReplayRequests));
   c->add_option("--model", o.model, "Attention geometry: llama3-8b | llama3-70b | qwen2.5-7b | gpt-oss-20b | custom "
                                     "(default llama3-8b; on the CPU with 2 layers)");
@@ -74,12 +107,15 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
   c->add_option("--pages", o.pages, "Pages per cache group, including the reserved page 0 [pages]");
   c->add_option("--kv-memory", o.kv_memory_gb, "K/V memory of all layers when --pages is not given [GB = 1e9 bytes]")
       ->check(above(0, false));
-  c->add_option("--token-budget", o.token_budget, "Query tokens per step: decode rows + prefill chunks [tokens]");
-  c->add_option("--max-running", o.max_running, "Requests in flight (batch rows per step) [requests]");
+  c->add_option("--token-budget", o.token_budget, "Query tokens per step: decode rows + prefill chunks; "
+                                                  "2147483647: no limit [tokens]");
+  c->add_option("--max-running", o.max_running, "Requests in flight (batch rows per step); 2147483647: no "
+                                                "limit [requests]");
   c->add_option("--spec-tokens", o.spec_tokens, "Speculative verify: N queries per decode row (1 = off) [1..8 tokens]")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();
   c->add_option("--accept-rate", o.accept_rate, "Probability each draft token is accepted (seeded) [0..1]")
+      ->check(probability())
       ->capture_default_str();
   c->add_flag("!--no-prefix-cache", o.prefix_cache, "Disable the prefix cache (Mooncake hash ids)");
   c->add_flag("!--no-cuda-graphs", o.cuda_graphs, "Run decode steps eagerly on the GPU");
@@ -93,6 +129,7 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
                  "finish cleanly and write a report marked \"truncated\" [s]")
       ->check(above(0, true));
   c->add_option("--seed", o.seed, "Seed of the workload, the token data and the acceptance model")
+      ->check(uint64_decimal())
       ->capture_default_str();
   c->add_option("--ceiling-read-tbps", o.ceiling_read_tbps, "Read-bandwidth ceiling of the roofline figures "
                  "(default on a GPU: the H200's measured 4.6; CPU: none) [TB/s]");
@@ -101,36 +138,10 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
   c->add_option("--json-steps", o.json_steps, "Per-step records kept in --json (evenly strided; the summary "
                  "covers every step) [records]")
       ->capture_default_str();
-  c->add_option("--json", o.json, "Write the full report (summary and per-step records) to this file");
+  c->add_option("--json", o.json, "Write the full report (summary and per-step records) to this file")
+      ->check(non_empty("a report file name"));
   c->add_flag("!--no-progress", o.progress, "No live progress on stderr");
   c->add_flag("--quiet", o.quiet, "No final table on stdout");
-}
-
-// Runs scripts/plot_replay.py through fork/execvp with an argv array: file names reach
-// Python verbatim, never a shell.
-int plot_main(const std::string& report, const std::string& image, const std::string& script_arg) {
-  const std::string script =
-      script_arg.empty() ? std::string(PAGEDMHA_SOURCE_DIR) + "/scripts/plot_replay.py" : script_arg;
-  if (!std::ifstream(report)) throw_invalid_argument("plot", "report", "a readable replay --json report", report);
-  if (!std::ifstream(script)) throw_invalid_argument("plot", "--script", "a readable plot_replay.py", script);
-  // "--": a report named like an option ("-h") is still the report.
-  std::vector<std::string> args = {"python3", script, "-o", image, "--", report};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t pid = fork();
-  if (pid < 0) throw Error(std::string("plot: fork failed: ") + std::strerror(errno));
-  if (pid == 0) {
-    execvp(argv[0], argv.data());
-    std::fprintf(stderr, "pagedmha: error: plot: cannot run python3: %s\n", std::strerror(errno));
-    _exit(127);
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) throw Error(std::string("plot: waitpid failed: ") + std::strerror(errno));
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
 // argv joined with spaces; an argument a shell would split or expand is single-quoted,
@@ -178,8 +189,19 @@ int run_cli(int argc, char** argv) {
                                             "reference on random inputs; non-zero exit on a mismatch");
   add_check_options(*k, check);
 
+  // Usage errors in the project's form "pagedmha: error: <subcommand>: <flag>: ...",
+  // bounded and escaped (they may quote any argument).
+  app.failure_message([](const CLI::App* a, const CLI::Error& e) {
+    std::string where;
+    for (const CLI::App* sub : a->get_subcommands()) where = sub->get_name() + ": ";
+    return "pagedmha: error: " + where + escape_bytes(e.what(), 400) + "\nRun with --help for more information.\n";
+  });
   try {
     app.parse(argc, argv);
+    CLI::App* r = app.get_subcommand("replay");
+    if (r->parsed() && r->count("--format") && !r->count("--trace"))
+      throw CLI::ValidationError("--format", "expected a --trace file to read with it, got --format " +
+                                                 escape_bytes(replay.format) + " without --trace");
   } catch (const CLI::ParseError& e) {
     // CLI11 reports "A subcommand is required" for a misspelt one: name it instead.
     const std::vector<std::string> rest = app.remaining();

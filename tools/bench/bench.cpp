@@ -22,6 +22,7 @@
 #include "pagedmha/numeric.h"
 #include "pagedmha/ops.h"
 #include "replay/device_info.h"
+#include "replay/error_text.h"
 #include "replay/replay.h"
 #include "replay/timer.h"
 
@@ -34,6 +35,8 @@ struct Geometry {
   bool sinks;
 };
 
+constexpr const char* kModels = "llama3-8b, llama3-70b, qwen2.5-7b, gemma, gpt-oss, gpt-oss-swa";
+
 Geometry geometry(const std::string& name) {
   if (name == "llama3-8b") return {name, 32, 8, 128, -1, false};
   if (name == "llama3-70b") return {name, 64, 8, 128, -1, false};
@@ -41,16 +44,21 @@ Geometry geometry(const std::string& name) {
   if (name == "gemma") return {name, 16, 8, 256, -1, false};
   if (name == "gpt-oss") return {name, 64, 8, 64, -1, true};  // full-attention layer; window via --models gpt-oss-swa
   if (name == "gpt-oss-swa") return {name, 64, 8, 64, 127, true};
-  throw_invalid_argument("bench", "--models", "llama3-8b, llama3-70b, qwen2.5-7b, gemma, gpt-oss, gpt-oss-swa", name);
+  throw_invalid_argument("bench", "--models", kModels, quote_bytes(name));
 }
 
-std::vector<std::string> split(const std::string& s) {
+// The items of a comma list (empty items skipped); an empty list is an error naming
+// `flag`: ',' must not quietly benchmark nothing.
+std::vector<std::string> split(const std::string& s, const char* flag, const std::string& allowed) {
   std::vector<std::string> out;
   std::stringstream ss(s);
   for (std::string x; std::getline(ss, x, ',');)
     if (!x.empty()) out.push_back(x);
+  if (out.empty()) throw_invalid_argument("bench", flag, "a comma list of " + allowed, quote_bytes(s));
   return out;
 }
+
+constexpr const char* kOps = "decode, prefill";
 
 double median(std::vector<double> v) {
   if (v.empty()) throw Error("bench: internal: median of no repeats");
@@ -162,6 +170,13 @@ int bench_main(const BenchOptions& o) {
   if (o.repeats < 1) throw_invalid_argument("bench", "--repeats", ">= 1", std::to_string(o.repeats));
   if (o.iters == 0 || o.iters < -1) throw_invalid_argument("bench", "--iters", ">= 1", std::to_string(o.iters));
   if (o.scale == 0 || o.scale < -1) throw_invalid_argument("bench", "--scale", ">= 1", std::to_string(o.scale));
+  // Every list item and the device are checked before the folder is made.
+  const std::vector<std::string> ops = split(o.ops, "--ops", kOps), models = split(o.models, "--models", kModels);
+  for (const std::string& op : ops)
+    if (op != "decode" && op != "prefill") throw_invalid_argument("bench", "--ops", kOps, quote_bytes(op));
+  std::vector<Geometry> geometries;
+  for (const std::string& m : models) geometries.push_back(geometry(m));
+  const Device dev = parse_device(o.device);
   // The results folder is made (and checked writable) before minutes of measuring.
   const std::string dir = o.out_dir.empty() ? std::string(PAGEDMHA_SOURCE_DIR) + "/bench/results" : o.out_dir;
   {
@@ -171,24 +186,20 @@ int bench_main(const BenchOptions& o) {
       throw_invalid_argument("bench", "--out-dir", "a writable folder (created when missing)",
                              dir + (ec ? " (" + ec.message() + ")" : ""));
   }
-  const Device dev = parse_device(o.device);
   const int iters = o.iters > 0 ? o.iters : dev.is_cuda() ? 50 : 2;
   const int scale = o.scale > 0 ? o.scale : dev.is_cuda() ? 1 : 16;
   std::vector<Shape> shapes;
-  for (const std::string& m : split(o.models)) {
-    const Geometry g = geometry(m);
-    for (const std::string& op : split(o.ops)) {
+  for (const Geometry& g : geometries) {
+    for (const std::string& op : ops) {
       if (op == "decode") {
         const std::pair<int, int> bc[] = {{1, 32768}, {16, 8192}, {64, 4096}, {256, 2048}, {128, 32768}};
         for (auto [b, c] : bc)
           for (int p : {16, 64})
             for (DType kv : {DType::bf16, DType::fp8_e4m3})
               for (int n : {1, 4}) shapes.push_back({op, g, dev.is_cuda() ? b : std::max(1, b / 4), c / scale, n, p, kv});
-      } else if (op == "prefill") {
+      } else {  // prefill
         for (int S : {1024, 4096, 16384}) shapes.push_back({op, g, 16384 / S, S / scale, S / scale, 64, DType::bf16});
         shapes.push_back({op, g, 4, 8192 / scale, 2048 / scale, 64, DType::bf16});  // chunked: 2k new over 6k cached
-      } else {
-        throw_invalid_argument("bench", "--ops", "decode, prefill", op);
       }
     }
   }

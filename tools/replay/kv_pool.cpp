@@ -57,17 +57,24 @@ uint64_t PrefixCache::chain_key(uint64_t parent, int64_t hash_id) {
   return x == 0 ? 1 : x;
 }
 
+uint64_t PrefixCache::find(uint64_t parent, int64_t hash_id) const {
+  const uint64_t key = chain_key(parent, hash_id);
+  const auto it = nodes_.find(key);
+  // The key is only a hash: the entry must be this very block after this very parent.
+  return it != nodes_.end() && it->second.parent == parent && it->second.id == hash_id ? key : 0;
+}
+
 int PrefixCache::match(const std::vector<int64_t>& hash_ids, int max_blocks,
                        std::vector<std::vector<int32_t>>& pages, int64_t now) {
   uint64_t key = 0;
   int blocks = 0;
   for (; blocks < max_blocks && blocks < static_cast<int>(hash_ids.size()); ++blocks) {
-    key = chain_key(key, hash_ids[blocks]);
-    auto it = nodes_.find(key);
-    if (it == nodes_.end()) break;
-    touch(key, it->second, now);
+    key = find(key, hash_ids[blocks]);
+    if (key == 0) break;
+    Node& n = nodes_.at(key);
+    touch(key, n, now);
     for (size_t g = 0; g < pools_->size(); ++g)
-      for (int32_t page : it->second.pages[g]) {
+      for (int32_t page : n.pages[g]) {
         (*pools_)[g].retain(page);
         pages[g].push_back(page);
       }
@@ -78,12 +85,14 @@ int PrefixCache::match(const std::vector<int64_t>& hash_ids, int max_blocks,
 bool PrefixCache::insert(const std::vector<int64_t>& hash_ids, int block,
                          const std::vector<std::vector<int32_t>>& pages, int64_t now) {
   uint64_t parent = 0;
-  for (int b = 0; b < block; ++b) parent = chain_key(parent, hash_ids[b]);
-  if (block > 0 && !nodes_.count(parent)) return false;
+  for (int b = 0; b < block; ++b)
+    if ((parent = find(parent, hash_ids[b])) == 0) return false;  // an earlier block is not cached
   const uint64_t key = chain_key(parent, hash_ids[block]);
+  // Cached already, or the key is taken by another chain (a collision): not cached.
   if (nodes_.count(key)) return false;
   Node n;
   n.parent = parent;
+  n.id = hash_ids[block];
   n.last_used = now;
   n.pages.resize(pools_->size());
   for (size_t g = 0; g < pools_->size(); ++g) {

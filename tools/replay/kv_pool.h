@@ -38,7 +38,9 @@ class PagePool {
 /// Cached full prompt blocks (kHashBlockTokens tokens each), keyed by the chain of
 /// leading hash ids, holding one reference on the block's pages in every group.
 /// Entries form prefix-closed chains; eviction takes least recently used leaves
-/// whose pages nobody else references.
+/// whose pages nobody else references. Lookups are exact: an entry stores its block id
+/// and its parent entry, and a 64-bit key collision is a miss (pages of another
+/// request's prompt are never handed out).
 class PrefixCache {
  public:
   /// `page_size` must divide kHashBlockTokens.
@@ -65,14 +67,21 @@ class PrefixCache {
   /// Adds one to refs[g][page] for every page reference the cache holds.
   void count_references(std::vector<std::vector<int64_t>>& refs) const;
 
+  /// Map key of block `hash_id` after the entry keyed `parent` (0: the first block);
+  /// never 0. Public so tests can build colliding chains.
+  static uint64_t chain_key(uint64_t parent, int64_t hash_id);
+
  private:
   struct Node {
-    uint64_t parent = 0;  // 0: none (first block)
+    uint64_t parent = 0;  // key of the parent entry; 0: none (first block)
+    int64_t id = 0;       // the block's hash id
     int children = 0;
     int64_t last_used = 0;
     std::vector<std::vector<int32_t>> pages;  // [group][pages_per_block]
   };
-  static uint64_t chain_key(uint64_t parent, int64_t hash_id);
+  /// The key of the entry for block `hash_id` after `parent`, or 0 when absent (or
+  /// only a colliding entry exists).
+  uint64_t find(uint64_t parent, int64_t hash_id) const;
   bool evictable(const Node& n) const;
   void touch(uint64_t key, Node& n, int64_t now);
 

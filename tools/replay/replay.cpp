@@ -20,6 +20,7 @@
 #include "pagedmha/ops.h"
 #include "replay/datagen.h"
 #include "replay/device_info.h"
+#include "replay/error_text.h"
 #include "replay/executor.h"
 #include "replay/token_data.h"
 #include "replay/trace.h"
@@ -173,10 +174,14 @@ int64_t visible_pairs(int64_t L, int64_t n, int w) { return MaskVariant{true, w}
 
 int64_t keys_read(int64_t L, int64_t n, int w) { return MaskVariant{true, w}.keys_read(L, n); }
 
-ReplayResult run_replay(const ReplayOptions& given) {
-  const auto wall0 = std::chrono::steady_clock::now();
-  ReplayResult res;
-  res.device = parse_device(given.device);
+void check_replay_options(const ReplayOptions& given) {
+  parse_device(given.device);
+  parse_kv_dtype(given.kv_dtype);
+  parse_trace_format(given.format);
+  // The built-in workload has no file format: a format without a trace is a mistake.
+  if (given.trace.empty() && given.format != "auto")
+    throw_invalid_argument("replay", "--format", "a --trace file to read with it", "--format " +
+                           quote_bytes(given.format) + " without --trace");
   // -1 is "not given"; any other value must be meaningful (the CLI checks these too).
   if (given.kv_memory_gb != -1.0 && !(given.kv_memory_gb > 0.0 && std::isfinite(given.kv_memory_gb)))
     throw_invalid_argument("replay", "--kv-memory", "> 0 GB, finite", std::to_string(given.kv_memory_gb));
@@ -188,6 +193,8 @@ ReplayResult run_replay(const ReplayOptions& given) {
   not_given_or(given.max_running, 1, "--max-running", ">= 1 requests");
   not_given_or(given.check_every, 0, "--check-every", ">= 0 steps (0: off)");
   not_given_or(given.max_steps, 0, "--max-steps", ">= 0 steps (-1: no limit)");
+  if (given.check_rows < 1)
+    throw_invalid_argument("replay", "--check-rows", ">= 1 rows", std::to_string(given.check_rows));
   if (given.page_size < 1 || given.page_size > 4096)
     throw_invalid_argument("replay", "--page-size", "1..4096 tokens", std::to_string(given.page_size));
   for (const auto& [arg, v] : {std::pair<const char*, double>{"--ceiling-read-tbps", given.ceiling_read_tbps},
@@ -195,11 +202,21 @@ ReplayResult run_replay(const ReplayOptions& given) {
     if (v != -1.0 && !(v >= 0.0 && std::isfinite(v)))
       throw_invalid_argument("replay", arg, ">= 0 and finite (0: no roofline figures)", std::to_string(v));
   }
+  // Written so that NaN fails too.
+  if (!(given.accept_rate >= 0.0 && given.accept_rate <= 1.0))
+    throw_invalid_argument("replay", "--accept-rate", "a probability in [0, 1]", std::to_string(given.accept_rate));
   if (given.requests != -1 && (given.requests < 1 || given.requests > kMaxReplayRequests))
     throw_invalid_argument("replay", "--requests", "1.." + std::to_string(kMaxReplayRequests),
                            std::to_string(given.requests));
   if (given.spec_tokens < 1 || given.spec_tokens > 8)
     throw_invalid_argument("replay", "--spec-tokens", "1..8 (the backend's limit)", std::to_string(given.spec_tokens));
+}
+
+ReplayResult run_replay(const ReplayOptions& given) {
+  const auto wall0 = std::chrono::steady_clock::now();
+  check_replay_options(given);
+  ReplayResult res;
+  res.device = parse_device(given.device);
   const ReplayOptions o = resolve_replay_defaults(given, res.device);
   res.options = o;
   ModelOverrides ov = o.overrides;
@@ -212,11 +229,19 @@ ReplayResult run_replay(const ReplayOptions& given) {
                                   ? default_workload(static_cast<int>(o.requests), o.seed)
                                   : load_trace(o.trace, parse_trace_format(o.format), o.requests);
   if (reqs.empty()) throw_invalid_argument("replay", "--trace", "at least one request", o.trace);
-  int context_len = 0;
-  for (const Request& r : reqs) {
+  // 64-bit sums: a request's KV length must fit the backend's int32 context length.
+  int64_t context_len = 0, all_tokens = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Request& r = reqs[i];
+    const int64_t kv = int64_t{r.prompt_len} + r.output_len + o.spec_tokens;
+    if (r.prompt_len < 1 || r.output_len < 1 || int64_t{r.prompt_len} + r.output_len > kMaxRequestTokens)
+      throw_invalid_argument("replay", "--trace", "requests of 1..2^30 prompt + output tokens",
+                             "request " + std::to_string(i) + " of " + std::to_string(r.prompt_len) + " + " +
+                                 std::to_string(r.output_len));
     res.prompt_tokens += r.prompt_len;
     res.output_tokens += r.output_len;
-    context_len = std::max(context_len, r.prompt_len + r.output_len + o.spec_tokens);
+    context_len = std::max(context_len, kv);
+    all_tokens += kv;
   }
   res.requests = static_cast<int64_t>(reqs.size());
 
@@ -246,12 +271,12 @@ ReplayResult run_replay(const ReplayOptions& given) {
   sc.prefix_cache = o.prefix_cache;
   sc.seed = o.seed;
   sc.host_tables = false;  // the executor keeps device tables from the requests' pages
-  if (o.accept_rate < 0.0 || o.accept_rate > 1.0)
-    throw_invalid_argument("replay", "--accept-rate", "0..1", std::to_string(o.accept_rate));
-  if (o.check_every < 0 || o.check_rows < 1)
-    throw_invalid_argument("replay", "--check-every / --check-rows", ">= 0 / >= 1",
-                           std::to_string(o.check_every) + " / " + std::to_string(o.check_rows));
   Scheduler sched(m, sc, std::move(reqs));
+
+  // Buffers hold what a step can use: each query token takes a pool slot and each row at
+  // least one token, so a huge --token-budget / --max-running ("no limit") sizes nothing.
+  const int64_t step_tokens = std::min({int64_t{o.token_budget}, (pages - 1) * o.page_size, all_tokens});
+  const int64_t step_rows = std::min({int64_t{o.max_running}, res.requests, step_tokens});
 
   ExecutorConfig ec;
   ec.model = m;
@@ -260,14 +285,22 @@ ReplayResult run_replay(const ReplayOptions& given) {
   ec.q_dtype = q_dtype;
   ec.page_size = o.page_size;
   ec.num_pages = pages;
-  ec.context_len = context_len;
-  ec.max_tokens = o.token_budget;
-  ec.max_rows = o.max_running;
+  ec.context_len = static_cast<int>(context_len);
+  ec.max_tokens = static_cast<int>(step_tokens);
+  ec.max_rows = static_cast<int>(step_rows);
   ec.spec_tokens = o.spec_tokens;
   ec.k_scale = ec.v_scale = kv_dtype == DType::fp8_e4m3 ? kFp8Scale : 1.0f;
   ec.seed = o.seed;
   ec.cuda_graphs = o.cuda_graphs;
-  auto exec = o.dry_run ? make_dry_run_executor() : make_backend_executor(ec);
+  std::unique_ptr<AttentionExecutor> exec;
+  try {
+    exec = o.dry_run ? make_dry_run_executor() : make_backend_executor(ec);
+  } catch (const Error& e) {
+    // Name the flags that size the buffers (a failed allocation names only bytes).
+    throw Error("replay: --pages / --token-budget / --max-running: expected buffers that fit on " +
+                res.device.str() + " for " + std::to_string(pages) + " pages, " + std::to_string(step_tokens) +
+                " tokens and " + std::to_string(step_rows) + " rows per step, got: " + e.what());
+  }
   res.executor = exec->name();
 
   const double q_bytes = double(dtype_size(q_dtype)), kv_bytes = double(dtype_size(kv_dtype));
@@ -550,6 +583,7 @@ std::string replay_summary(const ReplayResult& r) {
 }
 
 int replay_main(const ReplayOptions& options) {
+  check_replay_options(options);  // before --json is touched
   if (!options.json.empty()) {
     // Checked before the run: a long GPU replay must not end in an unwritable report.
     // Appending creates no content; a file created only for this check is removed.

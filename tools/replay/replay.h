@@ -100,6 +100,9 @@ struct ReplayResult {
   bool truncated = false;  // stopped by --time-limit / --max-steps before every request finished
 };
 
+/// Throws Error naming the flag for an option no replay accepts (before any work).
+void check_replay_options(const ReplayOptions& options);
+
 /// Runs the replay; throws Error for bad options or traces. A check mismatch stops the
 /// run and is reported in result.check (ok = false).
 ReplayResult run_replay(const ReplayOptions& options);

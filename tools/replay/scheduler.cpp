@@ -1,6 +1,8 @@
 #include "replay/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <string>
 
 #include "pagedmha/error.h"
@@ -38,14 +40,21 @@ Scheduler::Scheduler(const ModelSpec& model, const SchedulerConfig& config,
   if (config_.prefix_cache && any_hashes && kHashBlockTokens % config_.page_size == 0)
     cache_ = std::make_unique<PrefixCache>(&pools_, config_.page_size);
   // A request must fit alone: its whole KV in a full group, the window plus one
-  // step's chunk in a sliding group.
+  // step's chunk in a sliding group (64-bit: --window and --token-budget may be 2^31 - 1).
   const int64_t cap = pools_.front().capacity();
   for (size_t i = 0; i < requests_.size(); ++i) {
-    const int64_t max_kv = int64_t{requests_[i].prompt_len} + requests_[i].output_len + config_.spec_tokens;
+    const Request& req = requests_[i];
+    if (!std::isfinite(req.arrival_s))
+      throw Error("replay: request " + std::to_string(i) + ": arrival: expected a finite time, got " +
+                  std::to_string(req.arrival_s));
+    if (req.prompt_len < 1 || req.output_len < 1 || int64_t{req.prompt_len} + req.output_len > kMaxRequestTokens)
+      throw Error("replay: request " + std::to_string(i) + ": prompt + output tokens: expected each >= 1 and at "
+                  "most 2^30 in all, got " + std::to_string(req.prompt_len) + " + " + std::to_string(req.output_len));
+    const int64_t max_kv = int64_t{req.prompt_len} + req.output_len + config_.spec_tokens;
     for (const CacheGroupSpec& g : model_.groups) {
       int64_t need = ceil_div(max_kv, config_.page_size);
       if (g.window_left >= 0)
-        need = std::min(need, ceil_div(g.window_left + 1 + config_.token_budget, config_.page_size) + 2);
+        need = std::min(need, ceil_div(int64_t{g.window_left} + 1 + config_.token_budget, config_.page_size) + 2);
       if (need > cap)
         throw Error("replay: --pages: request " + std::to_string(i) + " (" +
                     std::to_string(requests_[i].prompt_len) + " + " +
@@ -62,11 +71,18 @@ Scheduler::Scheduler(const ModelSpec& model, const SchedulerConfig& config,
     for (size_t b = 0; b < req.hash_ids.size() && int64_t(b + 1) * kHashBlockTokens <= req.prompt_len; ++b)
       block_streams_[i].push_back(chain = hash_words(chain, static_cast<uint64_t>(req.hash_ids[b])));
   }
+  by_arrival_.resize(requests_.size());
+  std::iota(by_arrival_.begin(), by_arrival_.end(), 0);
+  std::stable_sort(by_arrival_.begin(), by_arrival_.end(),
+                   [&](int a, int b) { return requests_[a].arrival_s < requests_[b].arrival_s; });
+  position_.resize(requests_.size());
   states_.resize(requests_.size());
-  for (size_t i = 0; i < requests_.size(); ++i) {
+  for (size_t p = 0; p < by_arrival_.size(); ++p) {
+    const int i = by_arrival_[p];
+    position_[i] = static_cast<int>(p);
     states_[i].pages.resize(pools_.size());
     states_[i].released.assign(pools_.size(), 0);
-    waiting_.insert(static_cast<int>(i));
+    waiting_.insert(static_cast<int>(p));
   }
   stats_.peak_pages.assign(pools_.size(), 0);
 }
@@ -148,7 +164,7 @@ void Scheduler::preempt(int r) {
   ++st.preemptions;
   ++stats_.preemptions;
   running_.erase(std::find(running_.begin(), running_.end(), r));
-  waiting_.insert(r);
+  waiting_.insert(position_[r]);
 }
 
 int Scheduler::newest_running() const {
@@ -210,7 +226,7 @@ StepPlan Scheduler::schedule() {
   auto admit = [&]() {
     while (!waiting_.empty() && budget > 0 &&
            static_cast<int64_t>(running_.size()) < config_.max_running) {
-      const int r = *waiting_.begin();
+      const int r = by_arrival_[*waiting_.begin()];
       RequestState& st = states_[r];
       const Request& req = requests_[r];
       const bool first_admission = st.preemptions == 0;

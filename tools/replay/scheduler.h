@@ -83,7 +83,9 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  /// Throws Error when a request can never fit in the pool.
+  /// Queues requests by arrival time (stable for equal times). Throws Error for a
+  /// request that can never fit in the pool, a non-finite arrival or lengths outside
+  /// 1.. with prompt + output <= kMaxRequestTokens.
   Scheduler(const ModelSpec& model, const SchedulerConfig& config, std::vector<Request> requests);
 
   bool done() const { return finished_ == static_cast<int64_t>(requests_.size()); }
@@ -127,7 +129,10 @@ class Scheduler {
   std::vector<RequestState> states_;
   std::vector<PagePool> pools_;
   std::unique_ptr<PrefixCache> cache_;
-  std::set<int> waiting_;   // by request index (arrival order); preempted requests return here
+  // Queue positions: requests by arrival time, file order among equal times.
+  std::vector<int> by_arrival_;  // [position] request
+  std::vector<int> position_;    // [request] position
+  std::set<int> waiting_;        // positions; preempted requests return here
   std::vector<int> running_;  // in admission order
   int64_t finished_ = 0;
   int64_t admissions_ = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -12,27 +13,40 @@
 #include <nlohmann/json.hpp>
 
 #include "pagedmha/error.h"
+#include "replay/error_text.h"
 
 namespace pagedmha::tools {
 namespace {
 
-[[noreturn]] void fail_at(const std::string& source, int64_t line, const std::string& what) {
-  throw Error(source + ":" + std::to_string(line) + ": " + what);
+constexpr std::string_view kBom = "\xEF\xBB\xBF";
+
+struct Line {
+  std::string_view text;  // without its ending
+  int64_t no = 0;         // 1-based
+  size_t offset = 0;      // byte offset of its first byte in the file
+};
+
+[[noreturn]] void fail_at(const std::string& source, const Line& line, const std::string& what) {
+  throw Error(source + ":" + std::to_string(line.no) + ": " + what + " (line begins at byte " +
+              std::to_string(line.offset) + ")");
 }
 
-// Splits `text` into lines (LF or CRLF; a final line without an ending counts).
+bool blank(std::string_view s) { return s.find_first_not_of(" \t") == std::string_view::npos; }
+
+// Calls f(line) for every non-blank line until it returns false. Skips a leading BOM; LF,
+// CRLF or a lone CR ends a line; a final line without an ending counts.
 template <class F>
 void for_each_line(std::string_view text, F&& f) {
-  int64_t line_no = 0;
-  size_t pos = 0;
+  Line line;
+  size_t pos = text.substr(0, kBom.size()) == kBom ? kBom.size() : 0;
   while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
+    size_t end = text.find_first_of("\r\n", pos);
     if (end == std::string_view::npos) end = text.size();
-    std::string_view line = text.substr(pos, end - pos);
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    ++line_no;
-    if (!f(line, line_no)) return;
-    pos = end + 1;
+    line.text = text.substr(pos, end - pos);
+    line.offset = pos;
+    ++line.no;
+    if (!blank(line.text) && !f(line)) return;
+    pos = end + (text.substr(end, 2) == "\r\n" ? 2 : 1);
   }
 }
 
@@ -40,6 +54,12 @@ bool parse_int(std::string_view s, int64_t& out) {
   if (s.empty()) return false;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
   return ec == std::errc() && p == s.data() + s.size();
+}
+
+// All digits (an optional '-') but too large for int64: a range error, not a format error.
+bool out_of_range_int(std::string_view s) {
+  if (!s.empty() && s[0] == '-') s.remove_prefix(1);
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string_view::npos;
 }
 
 // Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
@@ -74,11 +94,16 @@ bool parse_timestamp(std::string_view s, double& seconds) {
   return true;
 }
 
-void check_lengths(const std::string& source, int64_t line, int64_t prompt, int64_t output) {
-  if (prompt < 1 || prompt > (int64_t{1} << 30))
-    fail_at(source, line, "prompt length: expected 1..2^30 tokens, got " + std::to_string(prompt));
-  if (output < 1 || output > (int64_t{1} << 30))
-    fail_at(source, line, "output length: expected 1..2^30 tokens, got " + std::to_string(output));
+// Each length 1..2^30 and both together at most kMaxRequestTokens (the KV length must
+// stay inside int32); `names` are the format's field names.
+void check_lengths(const std::string& source, const Line& line, const char* const names[2],
+                   const int64_t values[2]) {
+  for (int i = 0; i < 2; ++i)
+    if (values[i] < 1 || values[i] > kMaxRequestTokens)
+      fail_at(source, line, std::string(names[i]) + ": expected 1..2^30 tokens, got " + std::to_string(values[i]));
+  if (values[0] + values[1] > kMaxRequestTokens)
+    fail_at(source, line, std::string(names[0]) + " + " + names[1] + ": expected at most 2^30 tokens in all, got " +
+                              std::to_string(values[0] + values[1]));
 }
 
 void rebase_arrivals(std::vector<Request>& requests) {
@@ -94,92 +119,126 @@ TraceFormat parse_trace_format(const std::string& name) {
   if (name == "azure") return TraceFormat::azure;
   if (name == "mooncake") return TraceFormat::mooncake;
   if (name == "auto") return TraceFormat::automatic;
-  throw_invalid_argument("replay", "--format", "azure, mooncake or auto", name);
+  throw_invalid_argument("replay", "--format", "azure, mooncake or auto", quote_bytes(name));
 }
 
 std::vector<Request> parse_azure_csv(const std::string& text, const std::string& source,
                                      int64_t max_requests) {
+  static constexpr std::string_view kHeader = "TIMESTAMP,ContextTokens,GeneratedTokens";
+  static const char* const kNames[2] = {"ContextTokens", "GeneratedTokens"};
   std::vector<Request> out;
-  for_each_line(text, [&](std::string_view line, int64_t no) {
-    if (no == 1) {
-      if (line != "TIMESTAMP,ContextTokens,GeneratedTokens")
-        fail_at(source, no,
-                "expected the header TIMESTAMP,ContextTokens,GeneratedTokens, got '" +
-                    std::string(line.substr(0, 80)) + "'");
+  bool header = false;
+  for_each_line(text, [&](const Line& l) {
+    const std::string_view line = l.text;
+    if (!header) {
+      if (line != kHeader)
+        fail_at(source, l, "expected the header " + std::string(kHeader) + ", got " + quote_bytes(line));
+      header = true;
       return true;
     }
     if (max_requests >= 0 && static_cast<int64_t>(out.size()) >= max_requests) return false;
-    if (line.empty()) fail_at(source, no, "expected a row of 3 fields, got an empty line");
     size_t c1 = line.find(','), c2 = c1 == std::string_view::npos ? c1 : line.find(',', c1 + 1);
     if (c2 == std::string_view::npos || line.find(',', c2 + 1) != std::string_view::npos)
-      fail_at(source, no, "expected 3 comma-separated fields, got '" + std::string(line) + "'");
+      fail_at(source, l, "expected 3 comma-separated fields, got " + quote_bytes(line));
     Request r;
-    int64_t prompt, output;
+    const std::string_view fields[2] = {line.substr(c1 + 1, c2 - c1 - 1), line.substr(c2 + 1)};
+    int64_t lengths[2];
     if (!parse_timestamp(line.substr(0, c1), r.arrival_s))
-      fail_at(source, no, "TIMESTAMP: expected YYYY-MM-DD HH:MM:SS.fffffff, got '" +
-                              std::string(line.substr(0, c1)) + "'");
-    if (!parse_int(line.substr(c1 + 1, c2 - c1 - 1), prompt))
-      fail_at(source, no, "ContextTokens: expected an integer, got '" +
-                              std::string(line.substr(c1 + 1, c2 - c1 - 1)) + "'");
-    if (!parse_int(line.substr(c2 + 1), output))
-      fail_at(source, no, "GeneratedTokens: expected an integer, got '" +
-                              std::string(line.substr(c2 + 1)) + "'");
-    check_lengths(source, no, prompt, output);
-    r.prompt_len = static_cast<int>(prompt);
-    r.output_len = static_cast<int>(output);
+      fail_at(source, l, "TIMESTAMP: expected YYYY-MM-DD HH:MM:SS.fffffff, got " + quote_bytes(line.substr(0, c1)));
+    for (int i = 0; i < 2; ++i) {
+      if (parse_int(fields[i], lengths[i])) continue;
+      fail_at(source, l, std::string(kNames[i]) + (out_of_range_int(fields[i]) ? ": expected 1..2^30 tokens, got "
+                                                                              : ": expected an integer, got ") +
+                             quote_bytes(fields[i]));
+    }
+    check_lengths(source, l, kNames, lengths);
+    r.prompt_len = static_cast<int>(lengths[0]);
+    r.output_len = static_cast<int>(lengths[1]);
     out.push_back(std::move(r));
     return true;
   });
-  if (text.empty()) fail_at(source, 1, "expected the header TIMESTAMP,ContextTokens,GeneratedTokens, got an empty file");
+  if (!header) {
+    const Line first{{}, 1, 0};
+    fail_at(source, first, "expected the header " + std::string(kHeader) + ", got " +
+                               (text.empty() ? "an empty file" : "only blank lines"));
+  }
   rebase_arrivals(out);
   return out;
 }
 
+namespace {
+
+// nlohmann's parse error without its "[json.exception...] parse error at line 1, column N: "
+// prefix and the unbounded "last read: '...'" token.
+std::string json_reason(const nlohmann::json::parse_error& e) {
+  std::string_view w = e.what();
+  if (size_t p = w.find("syntax error"); p != std::string_view::npos) w.remove_prefix(p);
+  std::string reason(w.substr(0, w.find("; last read: '")));
+  if (size_t q = w.rfind("'; expected "); q != std::string_view::npos && w.find("; last read: '") < q)
+    reason += std::string(w.substr(q + 1));
+  return escape_bytes(reason, 160);
+}
+
+}  // namespace
+
 std::vector<Request> parse_mooncake_jsonl(const std::string& text, const std::string& source,
                                           int64_t max_requests) {
+  static const char* const kNames[2] = {"input_length", "output_length"};
   std::vector<Request> out;
-  for_each_line(text, [&](std::string_view line, int64_t no) {
+  for_each_line(text, [&](const Line& l) {
     if (max_requests >= 0 && static_cast<int64_t>(out.size()) >= max_requests) return false;
-    if (line.find_first_not_of(" \t") == std::string_view::npos) return true;  // blank line
+    const std::string_view line = l.text;
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      fail_at(source, no, std::string("expected a JSON object, got a parse error: ") + e.what());
+    } catch (const nlohmann::json::parse_error& e) {
+      // Quote the line around the error (e.byte: 1-based position in the line).
+      const size_t at = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, line.size());
+      const size_t from = at > kQuoteBytes / 2 ? at - kQuoteBytes / 2 : 0;
+      fail_at(source, l, "expected a JSON object, got a parse error at byte " + std::to_string(at) +
+                             " of the line (" + json_reason(e) + ") near " +
+                             quote_bytes(line.substr(from, kQuoteBytes)) +
+                             (line.size() > from + kQuoteBytes ? "..." : ""));
+    } catch (const nlohmann::json::exception& e) {  // e.g. a number beyond double (1e400)
+      fail_at(source, l, "expected a JSON object, got " + escape_bytes(e.what(), 160));
     }
-    if (!j.is_object()) fail_at(source, no, "expected a JSON object");
+    if (!j.is_object()) fail_at(source, l, "expected a JSON object, got " + quote_bytes(line));
+    // A value as the trace wrote it (bounded and escaped).
+    const auto shown = [](const nlohmann::json& v) { return quote_bytes(v.dump()); };
     auto number = [&](const char* key) -> const nlohmann::json& {
       auto it = j.find(key);
       if (it == j.end() || !it->is_number())
-        fail_at(source, no, std::string(key) + ": expected a number, got " +
-                                (it == j.end() ? std::string("nothing") : it->dump()));
+        fail_at(source, l, std::string(key) + ": expected a number, got " +
+                               (it == j.end() ? std::string("nothing") : shown(*it)));
       return *it;
     };
-    auto integer = [&](const char* key) -> int64_t {
-      const nlohmann::json& v = number(key);
-      if (!v.is_number_integer())
-        fail_at(source, no, std::string(key) + ": expected an integer, got " + v.dump());
+    // Integers beyond int64 (JSON allows them) are out of range, never wrapped.
+    auto integer = [&](const char* key, const nlohmann::json& v, const std::string& range) -> int64_t {
+      if (!v.is_number_integer()) fail_at(source, l, std::string(key) + ": expected an integer, got " + shown(v));
+      if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
+        fail_at(source, l, std::string(key) + ": expected " + range + ", got " + v.dump());
       return v.get<int64_t>();
     };
     Request r;
-    r.arrival_s = number("timestamp").get<double>() / 1000.0;
-    const int64_t prompt = integer("input_length"), output = integer("output_length");
-    check_lengths(source, no, prompt, output);
-    r.prompt_len = static_cast<int>(prompt);
-    r.output_len = static_cast<int>(output);
+    const nlohmann::json& ts = number("timestamp");
+    r.arrival_s = ts.get<double>() / 1000.0;
+    if (!std::isfinite(r.arrival_s))
+      fail_at(source, l, "timestamp: expected a finite number of ms, got " + std::to_string(ts.get<double>()));
+    int64_t lengths[2];
+    for (int i = 0; i < 2; ++i) lengths[i] = integer(kNames[i], number(kNames[i]), "1..2^30 tokens");
+    check_lengths(source, l, kNames, lengths);
+    r.prompt_len = static_cast<int>(lengths[0]);
+    r.output_len = static_cast<int>(lengths[1]);
     auto ids = j.find("hash_ids");
     if (ids == j.end() || !ids->is_array())
-      fail_at(source, no, "hash_ids: expected an array of integers");
-    const int64_t blocks = (prompt + kHashBlockTokens - 1) / kHashBlockTokens;
+      fail_at(source, l, "hash_ids: expected an array of integers, got " +
+                             (ids == j.end() ? std::string("nothing") : shown(*ids)));
+    const int64_t blocks = (lengths[0] + kHashBlockTokens - 1) / kHashBlockTokens;
     if (static_cast<int64_t>(ids->size()) != blocks)
-      fail_at(source, no, "hash_ids: expected ceil(input_length / 512) = " +
-                              std::to_string(blocks) + " ids, got " + std::to_string(ids->size()));
+      fail_at(source, l, "hash_ids: expected ceil(input_length / 512) = " + std::to_string(blocks) + " ids, got " +
+                             std::to_string(ids->size()));
     r.hash_ids.reserve(ids->size());
-    for (const auto& id : *ids) {
-      if (!id.is_number_integer())
-        fail_at(source, no, "hash_ids: expected integers, got " + id.dump());
-      r.hash_ids.push_back(id.get<int64_t>());
-    }
+    for (const auto& id : *ids) r.hash_ids.push_back(integer("hash_ids", id, "integers in [-2^63, 2^63)"));
     out.push_back(std::move(r));
     return true;
   });
@@ -188,20 +247,25 @@ std::vector<Request> parse_mooncake_jsonl(const std::string& text, const std::st
 }
 
 std::vector<Request> load_trace(const std::string& path, TraceFormat format, int64_t max_requests) {
+  std::error_code ec;
+  const std::string abs = std::filesystem::absolute(path, ec).string();
+  const std::string shown = path + (ec || abs == path ? "" : " (" + abs + ")");
+  // An ifstream opens a directory and reads it as empty.
+  if (std::filesystem::is_directory(path, ec))
+    throw_invalid_argument("replay", "--trace", "a readable file", "a directory: " + shown);
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::error_code ec;
-    const std::string abs = std::filesystem::absolute(path, ec).string();
-    throw_invalid_argument("replay", "--trace", "a readable file", path + (ec || abs == path ? "" : " (" + abs + ")"));
-  }
+  if (!in) throw_invalid_argument("replay", "--trace", "a readable file", shown);
   std::ostringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) throw_invalid_argument("replay", "--trace", "a readable file", shown + " (read error)");
   const std::string text = ss.str();
-  if (format == TraceFormat::automatic) {
-    size_t first = text.find_first_not_of(" \t\r\n");
-    format = (first != std::string::npos && text[first] == '{') ? TraceFormat::mooncake
-                                                                 : TraceFormat::azure;
-  }
+  // The first byte after the BOM and blank lines names the format; none: no requests.
+  const size_t bom = std::string_view(text).substr(0, kBom.size()) == kBom ? kBom.size() : 0;
+  const size_t first = text.find_first_not_of(" \t\r\n", bom);
+  if (first == std::string::npos)
+    throw_invalid_argument("replay", "--trace", "a trace with at least one request",
+                           (text.size() == bom ? "an empty file: " : "only blank lines: ") + shown);
+  if (format == TraceFormat::automatic) format = text[first] == '{' ? TraceFormat::mooncake : TraceFormat::azure;
   return format == TraceFormat::mooncake ? parse_mooncake_jsonl(text, path, max_requests)
                                          : parse_azure_csv(text, path, max_requests);
 }

@@ -10,6 +10,9 @@ namespace pagedmha::tools {
 
 /// Tokens per Mooncake prefix block (one hash id per block of the prompt).
 inline constexpr int kHashBlockTokens = 512;
+/// Most prompt + output tokens of one request: keeps every KV length (plus draft
+/// tokens and a chunk) inside int32.
+inline constexpr int64_t kMaxRequestTokens = int64_t{1} << 30;
 
 struct Request {
   double arrival_s = 0.0;  // seconds after the first request
@@ -25,17 +28,23 @@ enum class TraceFormat { azure, mooncake, automatic };
 /// "azure", "mooncake" or "auto". Throws Error for anything else.
 TraceFormat parse_trace_format(const std::string& name);
 
-/// Parses an Azure trace (header "TIMESTAMP,ContextTokens,GeneratedTokens", LF or CRLF,
-/// last line with or without a line ending). `max_requests` < 0: all rows.
-/// Throws Error("<source>:<line>: ...") for a malformed row.
+/// Both formats: a leading UTF-8 BOM is skipped; LF, CRLF or a lone CR ends a line (the
+/// last line may lack one); blank lines (spaces / tabs only) are skipped anywhere.
+/// Requests come in file order (the scheduler queues them by arrival time).
+/// `max_requests` < 0: all rows, else the first N rows. A malformed row throws
+/// Error("<source>:<line>: <field>: expected ..., got '<at most 80 bytes, escaped>'
+/// (line begins at byte <offset>)").
+///
+/// Azure: header "TIMESTAMP,ContextTokens,GeneratedTokens", then rows.
 std::vector<Request> parse_azure_csv(const std::string& text, const std::string& source,
                                      int64_t max_requests = -1);
-/// Parses a Mooncake JSONL trace (timestamp in ms, input_length, output_length,
-/// hash_ids). Throws Error("<source>:<line>: ...") for a malformed line.
+/// Mooncake JSONL: one object per line (timestamp in ms, input_length, output_length,
+/// hash_ids).
 std::vector<Request> parse_mooncake_jsonl(const std::string& text, const std::string& source,
                                           int64_t max_requests = -1);
-/// Reads a trace file; `automatic` picks the format from the first non-blank byte
-/// ('{' = Mooncake) and otherwise expects the Azure header.
+/// Reads a trace file; `automatic` picks the format from the first byte after the BOM and
+/// blank lines ('{' = Mooncake, else Azure). A directory, an unreadable file, an empty
+/// file or one of only blank lines throws Error naming --trace.
 std::vector<Request> load_trace(const std::string& path, TraceFormat format,
                                 int64_t max_requests = -1);
 

@@ -5,9 +5,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -51,6 +54,19 @@ pt::ReplayOptions tiny() {
   o.check_every = 0;
   o.progress = false;
   return o;
+}
+
+// Runs the CLI with stderr captured: {exit code, stderr}.
+std::pair<int, std::string> cli_err(const std::vector<std::string>& args) {
+  testing::internal::CaptureStderr();
+  const int rc = cli(args);
+  return {rc, testing::internal::GetCapturedStderr()};
+}
+
+int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+bool have_python_module(const char* module) {
+  return std::system(("python3 -c 'import " + std::string(module) + "' >/dev/null 2>&1").c_str()) == 0;
 }
 
 // The library's error text for these options ("no error" when the replay runs).
@@ -308,4 +324,194 @@ TEST(ReplayCli, HelpShowsDefaults) {
   for (const char* d : {"--page-size INT=16", "--kv-dtype TEXT:{bf16,fp16,fp8}=bf16", "--seed UINT=1",
                         "--device TEXT:{auto,cpu,cuda}=auto", "--json-steps INT=2000"})
     EXPECT_NE(help.find(d), std::string::npos) << d;
+}
+
+// Values that used to be accepted silently (NaN as 1.0, a wrapped or saturated seed, an
+// empty file name as "none", a format with nothing to read) are usage errors naming the
+// flag and the value, before any work: the --json report is never created.
+TEST(ReplayCli, SilentlyAcceptedValuesAreRejectedNamingTheFlag) {
+  const fs::path json = scratch("never.json");
+  fs::remove(json);
+  const std::vector<std::string> base = {"replay", "--device", "cpu", "--requests", "1", "--max-steps", "1",
+                                         "--no-progress", "--quiet"};
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--accept-rate", "nan"}, "replay: --accept-rate: expected a probability in [0, 1], got nan"},
+      {{"--seed", "-1"}, "replay: --seed: expected an integer in [0, 2^64), got -1"},
+      {{"--seed", "1e23"}, "replay: --seed: expected an integer in [0, 2^64), got 1e23"},
+      {{"--seed", "18446744073709551616"}, "replay: --seed: expected an integer in [0, 2^64), got 18446744073709551616"},
+      {{"--trace", ""}, "replay: --trace: expected a trace file name, got ''"},
+      {{"--format", "azure"}, "replay: --format: expected a --trace file to read with it, got --format azure without --trace"},
+      {{"--format", "auto"}, "replay: --format: expected a --trace file to read with it"},
+  };
+  for (const auto& [extra, want] : cases) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--json", json.string()});
+    const auto [rc, err] = cli_err(args);
+    EXPECT_EQ(rc, 2) << want;
+    EXPECT_NE(err.find("pagedmha: error: " + want), std::string::npos) << err;
+    EXPECT_FALSE(fs::exists(json)) << want;
+  }
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--json", ""});
+  const auto [rc, err] = cli_err(args);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(err.find("pagedmha: error: replay: --json: expected a report file name, got ''"), std::string::npos) << err;
+  // The largest seed is a seed.
+  EXPECT_EQ(cli({"replay", "--device", "cpu", "--model", "custom", "--layers", "1", "--q-heads", "1", "--kv-heads", "1",
+                 "--head-dim", "64", "--requests", "1", "--max-steps", "1", "--check-every", "0", "--no-progress",
+                 "--quiet", "--seed", "18446744073709551615"}),
+            0);
+}
+
+// Library callers: the same values fail naming the flag (NaN used to pass the range test).
+TEST(ReplayCli, LibraryRejectsNanAcceptRateAndAFormatWithoutATrace) {
+  pt::ReplayOptions o = tiny();
+  o.accept_rate = std::nan("");
+  EXPECT_NE(message(o).find("replay: --accept-rate: expected a probability in [0, 1], got nan"), std::string::npos)
+      << message(o);
+  o = tiny();
+  o.format = "mooncake";
+  EXPECT_NE(message(o).find("replay: --format: expected a --trace file to read with it"), std::string::npos)
+      << message(o);
+  // replay_main checks before the report file is touched.
+  const fs::path json = scratch("lib_never.json");
+  fs::remove(json);
+  o.json = json.string();
+  EXPECT_THROW(pt::replay_main(o), pagedmha::Error);
+  EXPECT_FALSE(fs::exists(json));
+}
+
+// 2147483647 used to hang (--max-running: per-row buffers for 2^31 rows) or fail in an
+// allocation naming no flag (--token-budget); now it means "no limit".
+TEST(ReplayCli, MaxIntTokenBudgetAndMaxRunningMeanNoLimit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto [rc, err] = cli_err({"replay", "--device", "cpu", "--model", "custom", "--layers", "1", "--q-heads", "1",
+                                  "--kv-heads", "1", "--head-dim", "64", "--requests", "3", "--check-every", "1",
+                                  "--no-progress", "--quiet", "--max-running", "2147483647", "--token-budget",
+                                  "2147483647"});
+  EXPECT_EQ(rc, 0) << err;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
+  // Buffers that cannot be allocated (256 TB of K/V: beyond any address space) name the
+  // sizing flags, not only a byte count.
+  pt::ReplayOptions o = tiny();
+  o.pages = 1 << 21, o.page_size = 4096;
+  o.overrides.head_dim = 256, o.overrides.kv_heads = 64, o.overrides.q_heads = 64;
+  const std::string m = message(o);
+  EXPECT_NE(m.find("replay: --pages / --token-budget / --max-running: expected buffers that fit on cpu for 2097152 "
+                   "pages"),
+            std::string::npos)
+      << m;
+}
+
+// An empty or unknown --ops / --models list fails before the results folder is made
+// (',' used to write an empty results file and exit 0).
+TEST(BenchCli, EmptyOrUnknownListsFailBeforeTheOutDirIsMade) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--ops", ","}, "bench: --ops: expected a comma list of decode, prefill, got ','"},
+      {{"--ops", "foo"}, "bench: --ops: expected decode, prefill, got 'foo'"},
+      {{"--ops", "decode,foo"}, "bench: --ops: expected decode, prefill, got 'foo'"},
+      {{"--models", ","}, "bench: --models: expected a comma list of llama3-8b"},
+      {{"--models", "llama3-8b,nope"}, "bench: --models: expected llama3-8b, llama3-70b"},
+  };
+  for (const auto& [extra, want] : cases) {
+    const fs::path dir = scratch("bench_never");
+    fs::remove_all(dir);
+    std::vector<std::string> args = {"bench", "--device", "cpu", "--out-dir", dir.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto [rc, err] = cli_err(args);
+    EXPECT_EQ(rc, 1) << want;
+    EXPECT_NE(err.find("pagedmha: error: " + want), std::string::npos) << err;
+    EXPECT_FALSE(fs::exists(dir)) << want;
+  }
+}
+
+namespace {
+
+// A real report of a truncated run (stopped before its first step, and after two).
+nlohmann::json truncated_report(int max_steps) {
+  pt::ReplayOptions o = tiny();
+  o.requests = 3;
+  if (max_steps == 0) o.time_limit_s = 0.0;
+  else o.max_steps = max_steps;
+  return pt::replay_report_json(pt::run_replay(o));
+}
+
+fs::path write_json(const std::string& name, const nlohmann::json& j) {
+  const fs::path p = scratch(name);
+  std::ofstream(p) << j.dump();
+  return p;
+}
+
+}  // namespace
+
+// A cut or edited report (a column shorter than the steps, a missing field) used to end in
+// a Python traceback; now it is one line naming the field, before Python runs.
+TEST(PlotCli, BrokenReportsAreOneLineErrorsNamingTheField) {
+  const nlohmann::json good = truncated_report(2);
+  ASSERT_TRUE(good["truncated"].get<bool>());
+  ASSERT_EQ(good["steps"]["step"].size(), 2u);
+  std::vector<std::pair<nlohmann::json, std::string>> cases;
+  nlohmann::json j = good;
+  j["steps"]["tokens"].erase(1);
+  cases.push_back({j, "steps.tokens an array of 2 numbers (one per step), got an array of 1"});
+  j = good;
+  j["steps"].erase("stride");
+  cases.push_back({j, "steps.stride a number, got nothing"});
+  j = good;
+  j["summary"].erase("finished");
+  cases.push_back({j, "summary.finished a number, got nothing"});
+  j = good;
+  j["steps"]["pages_in_use"][0].erase(0);
+  cases.push_back({j, "steps.pages_in_use[0] an array of 2, got an array of 1"});
+  j = good;
+  j["summary"]["prefix_hit_rate"] = "high";
+  cases.push_back({j, "summary.prefix_hit_rate a number, got a string"});
+  cases.push_back({nlohmann::json::array(), "its fields in an object, got an array of 0"});
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const fs::path rep = write_json("broken" + std::to_string(i) + ".json", cases[i].first);
+    const auto [rc, err] = cli_err({"plot", rep.string(), "-o", scratch("broken.png").string()});
+    EXPECT_EQ(rc, 1) << cases[i].second;
+    EXPECT_EQ(err.rfind("pagedmha: error: plot: report: expected a replay --json report with " + cases[i].second, 0), 0u)
+        << err;
+    EXPECT_EQ(lines(err), 1) << err;
+    EXPECT_EQ(err.find("Traceback"), std::string::npos) << err;
+  }
+  // A file cut short is not JSON: one line, naming where the parse failed.
+  const std::string text = good.dump();
+  const fs::path cut = scratch("cut.json");
+  std::ofstream(cut) << text.substr(0, text.size() / 2);
+  const auto [rc, err] = cli_err({"plot", cut.string(), "-o", scratch("cut.png").string()});
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.find("plot: report: expected a replay --json report (JSON), got a parse error at byte"), std::string::npos)
+      << err;
+  EXPECT_EQ(lines(err), 1) << err;
+}
+
+// Reports of truncated runs (no step at all, or some) plot.
+TEST(PlotCli, TruncatedRunReportsPlot) {
+  if (!have_python_module("matplotlib")) GTEST_SKIP() << "python3 with matplotlib not available";
+  for (int steps : {0, 2}) {
+    const fs::path rep = write_json("trunc" + std::to_string(steps) + ".json", truncated_report(steps));
+    const fs::path png = scratch("trunc" + std::to_string(steps) + ".png");
+    fs::remove(png);
+    const auto [rc, err] = cli_err({"plot", rep.string(), "-o", png.string()});
+    EXPECT_EQ(rc, 0) << err;
+    EXPECT_GT(fs::file_size(png), 0u);
+  }
+}
+
+// Whatever else makes the script raise, the CLI shows one line: the exception.
+TEST(PlotCli, ScriptTracebackIsReducedToItsLastLine) {
+  if (!have_python_module("json")) GTEST_SKIP() << "python3 not available";
+  const fs::path script = scratch("raises.py");
+  std::ofstream(script) << "import sys\nprint('partial', file=sys.stderr)\nraise ValueError('boom \\x1b[2J')\n";
+  const fs::path rep = write_json("ok.json", truncated_report(2));
+  const auto [rc, err] = cli_err({"plot", rep.string(), "-o", scratch("r.png").string(), "--script", script.string()});
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.find("pagedmha: error: plot: plot_replay.py failed on " + rep.string() + ": ValueError: boom \\x1B[2J"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(lines(err), 1) << err;
+  EXPECT_EQ(err.find("Traceback"), std::string::npos) << err;
 }

@@ -5,8 +5,15 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <climits>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <unistd.h>
 
 #include "check/check.h"
+#include "replay/kv_pool.h"
 #include "replay/replay.h"
 
 namespace pt = pagedmha::tools;
@@ -131,4 +138,59 @@ TEST(Replay, DryRunPlansTheSameStepsWithoutAttention) {
   EXPECT_NEAR(j["summary"]["roofline_floor_decode_steps_s"].get<double>() +
                   j["summary"]["roofline_floor_extend_steps_s"].get<double>(),
               floor, 1e-9 * floor);
+}
+
+// A crafted 3-line Mooncake trace whose third request's first hash id collides (64-bit
+// chain key) with block 1 of the first request's prompt. Exact keys: no prefix hit at all
+// (no two requests share ids), and every step's rows check against the reference.
+TEST(Replay, CraftedPrefixHashCollisionIsAMissAndChecksPass) {
+  using PC = pt::PrefixCache;
+  const int64_t a = 101, b = 202;
+  const auto y = static_cast<int64_t>(PC::chain_key(0, a) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(b));
+  ASSERT_EQ(PC::chain_key(0, y), PC::chain_key(PC::chain_key(0, a), b)) << "chain_key changed: rebuild the collision";
+  const auto path = std::filesystem::temp_directory_path() / ("pagedmha_collide_" + std::to_string(getpid()) + ".jsonl");
+  std::ofstream(path) << R"({"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [101, 202, 303]})" "\n"
+                      << R"({"timestamp": 1, "input_length": 300, "output_length": 4, "hash_ids": [404]})" "\n"
+                      << R"({"timestamp": 2, "input_length": 600, "output_length": 4, "hash_ids": [)" << y << ", 505]}\n";
+  pt::ReplayOptions o = small();
+  o.trace = path.string();
+  o.requests = -1;
+  o.max_running = 1;  // request 2 starts once request 0's blocks are cached
+  o.check_rows = 4;
+  const pt::ReplayResult r = pt::run_replay(o);
+  std::filesystem::remove(path);
+  EXPECT_EQ(r.finished, 3);
+  EXPECT_EQ(r.sched.prefix_hit_tokens, 0);
+  EXPECT_TRUE(r.check.ok) << r.check.failure;
+  EXPECT_EQ(r.check.steps_checked, static_cast<int64_t>(r.steps.size()));
+}
+
+// 2147483647 for --token-budget / --max-running means "no limit" (it used to size buffers
+// for 2^31 tokens and rows): everything is admitted in the first step.
+TEST(Replay, UnlimitedTokenBudgetAndMaxRunningAdmitEverythingAtOnce) {
+  pt::ReplayOptions o = small();
+  o.token_budget = INT_MAX;
+  o.max_running = INT_MAX;
+  o.check_every = 2;
+  const pt::ReplayResult r = pt::run_replay(o);
+  EXPECT_TRUE(r.check.ok) << r.check.failure;
+  EXPECT_EQ(r.finished, 4);
+  ASSERT_FALSE(r.steps.empty());
+  EXPECT_EQ(r.steps[0].extend_rows, 4);
+  EXPECT_EQ(r.steps[0].tokens, r.prompt_tokens);
+}
+
+// A window longer than every sequence is full attention: same steps and work, checks pass.
+TEST(Replay, HugeWindowMatchesFullAttention) {
+  pt::ReplayOptions o = small();
+  o.check_every = 3;
+  const pt::ReplayResult full = pt::run_replay(o);
+  o.overrides.window = INT_MAX;
+  const pt::ReplayResult huge = pt::run_replay(o);
+  EXPECT_TRUE(huge.check.ok) << huge.check.failure;
+  ASSERT_EQ(huge.steps.size(), full.steps.size());
+  for (size_t i = 0; i < full.steps.size(); ++i) {
+    EXPECT_EQ(huge.steps[i].tokens, full.steps[i].tokens) << i;
+    EXPECT_EQ(huge.steps[i].flops, full.steps[i].flops) << i;
+  }
 }

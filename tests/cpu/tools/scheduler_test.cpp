@@ -1,7 +1,10 @@
 // Page pool, prefix cache and scheduler invariants, driven without attention.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <climits>
 #include <set>
+#include <string>
 
 #include "pagedmha/error.h"
 #include "replay/kv_pool.h"
@@ -47,6 +50,47 @@ TEST(PrefixCache, SharesLeadingBlocksAndEvictsOnlyUnreferencedLeaves) {
   for (int32_t p : got[0]) pools[0].release(p);
   EXPECT_EQ(cache.evict(0, 100), 4);
   EXPECT_EQ(pools[0].used_pages(), 0);
+}
+
+// chain_key is a 64-bit hash: chain_key(0, y) = mix(y) and chain_key(p, b) =
+// mix(p * golden ^ b), so ids can be chosen whose keys collide with a cached chain's. A
+// collision must be a miss: never another prompt's pages.
+TEST(PrefixCache, CollidingChainKeysMissInsteadOfSharingPages) {
+  using PC = pt::PrefixCache;
+  constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+  std::vector<pt::PagePool> pools;
+  pools.emplace_back(1 + 16);
+  PC cache(&pools, 128);  // 4 pages per block
+  std::vector<std::vector<int32_t>> owner(1), other(1);
+  for (int i = 0; i < 8; ++i) owner[0].push_back(pools[0].allocate());
+  for (int i = 0; i < 4; ++i) other[0].push_back(pools[0].allocate());
+  const int64_t a = 11, b = 22, c = 33;
+  ASSERT_TRUE(cache.insert({a, b}, 0, owner, 1));
+  ASSERT_TRUE(cache.insert({a, b}, 1, owner, 1));
+  ASSERT_TRUE(cache.insert({c}, 0, other, 1));
+  const uint64_t key_ab = PC::chain_key(PC::chain_key(0, a), b);
+  // A first block whose key is that of block 1 of {a, b}.
+  const auto y = static_cast<int64_t>(PC::chain_key(0, a) * kGolden ^ static_cast<uint64_t>(b));
+  ASSERT_EQ(PC::chain_key(0, y), key_ab) << "chain_key changed: rebuild the collision";
+  // A second block after c whose key is that of block 1 of {a, b}.
+  const auto z = static_cast<int64_t>((PC::chain_key(0, c) * kGolden) ^ (PC::chain_key(0, a) * kGolden) ^
+                                      static_cast<uint64_t>(b));
+  ASSERT_EQ(PC::chain_key(PC::chain_key(0, c), z), key_ab) << "chain_key changed: rebuild the collision";
+  ASSERT_NE(y, a);
+  std::vector<std::vector<int32_t>> got(1);
+  EXPECT_EQ(cache.match({y, 5}, 2, got, 2), 0);
+  EXPECT_TRUE(got[0].empty());
+  EXPECT_EQ(cache.match({c, z}, 2, got, 2), 1);  // c is cached; {c, z} is not {a, b}
+  EXPECT_EQ(got[0], other[0]);
+  // A colliding insert caches nothing, so the lookup still misses.
+  EXPECT_FALSE(cache.insert({y}, 0, other, 3));
+  EXPECT_FALSE(cache.insert({c, z}, 1, owner, 3));
+  got[0].clear();
+  EXPECT_EQ(cache.match({y}, 1, got, 4), 0);
+  EXPECT_EQ(cache.num_blocks(), 3);
+  // The real chain still hits, with its own pages.
+  EXPECT_EQ(cache.match({a, b}, 2, got, 5), 2);
+  EXPECT_EQ(got[0], owner[0]);
 }
 
 namespace {
@@ -197,4 +241,75 @@ TEST(Accounting, VisiblePairsMatchBruteForce) {
         EXPECT_EQ(pt::visible_pairs(L, n, w), pairs) << L << " " << n << " " << w;
         EXPECT_EQ(pt::keys_read(L, n, w), static_cast<int64_t>(keys.size())) << L << " " << n << " " << w;
       }
+}
+
+// The queue is by arrival time, file order among equal times, in both trace formats.
+TEST(Scheduler, QueuesByArrivalTimeStableForEqualTimes) {
+  // Arrivals in file order: 3 s, 0, 2, 0, 1 -> served 1, 3, 4, 2, 0 (1 before 3: file order).
+  const std::vector<int> want = {1, 3, 4, 2, 0};
+  const char* seconds[] = {"49", "46", "48", "46", "47"};
+  std::string azure = "TIMESTAMP,ContextTokens,GeneratedTokens\n", mooncake;
+  for (int i = 0; i < 5; ++i) {
+    azure += "2023-11-16 18:15:" + std::string(seconds[i]) + ".0," + std::to_string(40 + i) + ",2\n";
+    mooncake += "{\"timestamp\": " + std::to_string((std::stoi(seconds[i]) - 46) * 1000) +
+                ", \"input_length\": " + std::to_string(40 + i) + ", \"output_length\": 2, \"hash_ids\": [" +
+                std::to_string(i) + "]}\n";
+  }
+  for (const auto& reqs : {pt::parse_azure_csv(azure, "t.csv"), pt::parse_mooncake_jsonl(mooncake, "t.jsonl")}) {
+    ASSERT_EQ(reqs.size(), 5u);
+    EXPECT_EQ(reqs[0].prompt_len, 40);  // read in file order
+    pt::SchedulerConfig c;
+    c.page_size = 16;
+    c.num_pages = 64;
+    c.max_running = 1;  // one at a time: the admission order is the queue order
+    pt::Scheduler s(small_model(-1), c, reqs);
+    std::vector<int> served;
+    for (const auto& p : drive(s))
+      for (const auto& r : p.rows)
+        if (std::find(served.begin(), served.end(), r.request) == served.end()) served.push_back(r.request);
+    EXPECT_EQ(served, want);
+  }
+}
+
+// --window 2147483647: window + 1 + budget overflowed int in the fit check (UBSan) and
+// let a request that cannot fit through. Such a window is full attention.
+TEST(Scheduler, HugeWindowDoesNotOverflowAndActsAsFullAttention) {
+  pt::SchedulerConfig c;
+  c.page_size = 16;
+  c.num_pages = 10;
+  pt::ModelOverrides o;
+  o.layers = 2, o.q_heads = 4, o.kv_heads = 2, o.head_dim = 64, o.window = INT_MAX;
+  const pt::ModelSpec huge = pt::make_model("custom", o);
+  ASSERT_EQ(huge.groups.size(), 1u);
+  ASSERT_EQ(huge.groups[0].window_left, INT_MAX);
+  try {
+    pt::Scheduler(huge, c, {{0.0, 1000, 10, {}}});
+    ADD_FAILURE() << "a request of 64 pages fit in 9";
+  } catch (const pagedmha::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 64 pages of group sliding_attention"), std::string::npos) << e.what();
+  }
+  std::vector<pt::Request> reqs = pt::default_workload(6, 4);
+  for (auto& r : reqs) r.hash_ids.clear();
+  c.num_pages = 400;
+  c.token_budget = 700;
+  pt::Scheduler full(small_model(-1), c, reqs), windowed(huge, c, reqs);
+  const auto a = drive(full), b = drive(windowed);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].rows.size(), b[i].rows.size()) << i;
+    for (size_t j = 0; j < a[i].rows.size(); ++j) EXPECT_EQ(a[i].rows[j].seq_len, b[i].rows[j].seq_len) << i;
+  }
+}
+
+// Library callers get the trace readers' length limit too (the KV length stays int32).
+TEST(Scheduler, RejectsRequestsBeyondTheKvLengthLimit) {
+  pt::SchedulerConfig c;
+  c.num_pages = 1 << 20;
+  try {
+    pt::Scheduler(small_model(-1), c, {{0.0, 1 << 30, 1 << 30, {}}});
+    ADD_FAILURE() << "2^31 tokens accepted";
+  } catch (const pagedmha::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("request 0: prompt + output tokens"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1073741824 + 1073741824"), std::string::npos) << e.what();
+  }
 }

@@ -3,9 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
+
+#include <unistd.h>
 
 #include "pagedmha/error.h"
 #include "replay/trace.h"
@@ -22,6 +26,23 @@ std::string trace_path(const char* name) {
 
 #define REQUIRE_TRACE(path) \
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "trace not present: " << path
+
+std::filesystem::path scratch(const std::string& name) {
+  const auto d = std::filesystem::temp_directory_path() / ("pagedmha_trace_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(d);
+  return d / name;
+}
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::filesystem::path p = scratch(name);
+  std::ofstream(p, std::ios::binary) << text;
+  return p.string();
+}
+
+// Every byte printable ASCII: no control bytes or raw binary reach a terminal.
+bool printable(const std::string& s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7F; });
+}
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -102,7 +123,8 @@ TEST(AzureTrace, MalformedRowsNameTheLine) {
             std::string::npos);
   EXPECT_NE(error_of([&] { pt::parse_azure_csv(hdr + "2023-13-16 18:15:46.5,10,3\n", "t.csv"); }).find("t.csv:2: TIMESTAMP"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { pt::parse_azure_csv(hdr + "2023-11-16 18:15:46.5,10,0\n", "t.csv"); }).find("t.csv:2: output"),
+  EXPECT_NE(error_of([&] { pt::parse_azure_csv(hdr + "2023-11-16 18:15:46.5,10,0\n", "t.csv"); })
+                .find("t.csv:2: GeneratedTokens: expected 1..2^30 tokens, got 0"),
             std::string::npos);
 }
 
@@ -155,4 +177,127 @@ TEST(Trace, MissingFileNamesTheResolvedPath) {
   EXPECT_NE(m.find("--trace"), std::string::npos) << m;
   EXPECT_NE(m.find("no-such-dir/trace.csv"), std::string::npos) << m;
   EXPECT_NE(m.find((std::filesystem::current_path() / "no-such-dir/trace.csv").string()), std::string::npos) << m;
+}
+
+// Error text quotes at most ~80 bytes of a row, escaped, and names the line and its byte
+// offset; a 2 MB row without a comma (or binary garbage) must not be echoed whole.
+TEST(TraceErrors, OffendingRowsAreQuotedBoundedEscapedWithLineAndOffset) {
+  const std::string hdr = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
+  const std::string ok = "2023-11-16 18:15:46.5,10,3\n";
+  const std::string huge(2'000'000, 'x');
+  const std::string binary = std::string("2023-11-16 18:15:46.5,1") + '\0' + "\x1B[31m\xFF,2";
+  const std::string json_ok = R"({"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [0]})" "\n";
+  const std::string cases[][3] = {
+      {"azure", hdr + ok + huge + "\n", "expected 3 comma-separated fields"},
+      {"azure", hdr + ok + binary + "\n", "ContextTokens: expected an integer, got '1\\x00\\x1B[31m\\xFF'"},
+      {"mooncake", json_ok + "{\"timestamp\": 0, \"inp" + huge + "\n", "parse error"},
+      {"mooncake", json_ok + "{\"timestamp\": 0, \"input_length\": \"" + huge + "\"}\n", "input_length: expected a number"},
+      {"mooncake", json_ok + "\x01\xFF\x1B[2J" + huge + "\n", "parse error"},
+  };
+  for (const auto& c : cases) {
+    const std::string m = error_of([&] {
+      if (c[0] == "azure") pt::parse_azure_csv(c[1], "t.trace");
+      else pt::parse_mooncake_jsonl(c[1], "t.trace");
+    });
+    const bool azure = c[0] == "azure";
+    const std::string line = azure ? "t.trace:3: " : "t.trace:2: ";
+    const size_t begins = azure ? hdr.size() + ok.size() : json_ok.size();
+    const std::string offset = "(line begins at byte " + std::to_string(begins) + ")";
+    EXPECT_EQ(m.rfind(line, 0), 0u) << m;
+    EXPECT_NE(m.find(c[2]), std::string::npos) << m;
+    EXPECT_NE(m.find(offset), std::string::npos) << m;
+    EXPECT_LT(m.size(), 450u) << m.substr(0, 1000);
+    EXPECT_TRUE(printable(m)) << m.substr(0, 1000);
+  }
+}
+
+// A leading UTF-8 BOM, LF / CRLF / CR-only endings and trailing blank lines give the same
+// requests in both formats, also when the format is picked automatically.
+TEST(TraceText, BomLineEndingsAndBlankLinesReadAlikeInBothFormats) {
+  const std::vector<std::string> azure = {"TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46.5,10,3",
+                                          "2023-11-16 18:15:47.75,700,4"};
+  const std::vector<std::string> mooncake = {
+      R"({"timestamp": 500, "input_length": 10, "output_length": 3, "hash_ids": [7]})",
+      R"({"timestamp": 1750, "input_length": 700, "output_length": 4, "hash_ids": [7, 8]})"};
+  int n = 0;
+  for (const auto* lines : {&azure, &mooncake})
+    for (const std::string bom : {"", "\xEF\xBB\xBF"})
+      for (const std::string eol : {"\n", "\r\n", "\r"})
+        for (const std::string& tail : std::vector<std::string>{"", eol, eol + eol + " \t" + eol}) {
+          std::string text = bom;
+          for (size_t i = 0; i < lines->size(); ++i) text += (*lines)[i] + (i + 1 < lines->size() ? eol : "");
+          text += tail;
+          const std::string path = write_file("t" + std::to_string(n++), text);
+          std::vector<pt::Request> reqs;
+          const std::string m = error_of([&] { reqs = pt::load_trace(path, pt::TraceFormat::automatic); });
+          ASSERT_EQ(m, "") << testing::PrintToString(text);
+          ASSERT_EQ(reqs.size(), 2u) << testing::PrintToString(text);
+          EXPECT_EQ(reqs[0].prompt_len, 10);
+          EXPECT_EQ(reqs[0].output_len, 3);
+          EXPECT_EQ(reqs[1].prompt_len, 700);
+          EXPECT_EQ(reqs[1].output_len, 4);
+          EXPECT_DOUBLE_EQ(reqs[1].arrival_s, 1.25);
+          EXPECT_EQ(reqs[1].hash_ids.size(), lines == &mooncake ? 2u : 0u);  // the format auto picked
+        }
+}
+
+// No requests at all is the same error for either format: not the Azure header message.
+TEST(TraceText, EmptyAndBlankFilesHaveNoRequestsInEitherFormat) {
+  const std::string empty = write_file("empty", ""), blank = write_file("blank", "\n \t\r\n\n");
+  const std::string bom_blank = write_file("bom_blank", "\xEF\xBB\xBF\n\n");
+  for (auto f : {pt::TraceFormat::automatic, pt::TraceFormat::azure, pt::TraceFormat::mooncake}) {
+    const std::string e = error_of([&] { pt::load_trace(empty, f); });
+    EXPECT_NE(e.find("replay: --trace: expected a trace with at least one request, got an empty file"),
+              std::string::npos)
+        << e;
+    for (const std::string& p : {blank, bom_blank}) {
+      const std::string b = error_of([&] { pt::load_trace(p, f); });
+      EXPECT_NE(b.find("replay: --trace: expected a trace with at least one request, got only blank lines"),
+                std::string::npos) << b;
+    }
+  }
+}
+
+TEST(Trace, DirectoryIsReportedAsADirectory) {
+  const std::string dir = scratch("a_dir").string();
+  std::filesystem::create_directories(dir);
+  const std::string m = error_of([&] { pt::load_trace(dir, pt::TraceFormat::automatic); });
+  EXPECT_NE(m.find("--trace: expected a readable file, got a directory: " + dir), std::string::npos) << m;
+}
+
+// JSON integers beyond int64 are out of range, reported as written (never wrapped to -1).
+TEST(MooncakeTrace, IntegersBeyondInt64AreOutOfRangeNotWrapped) {
+  const std::string big = "18446744073709551615";
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"timestamp": 0, "input_length": )" + big + R"(, "output_length": 5, "hash_ids": [0]})",
+       "m.jsonl:1: input_length: expected 1..2^30 tokens, got " + big},
+      {R"({"timestamp": 0, "input_length": 5, "output_length": )" + big + R"(, "hash_ids": [0]})",
+       "m.jsonl:1: output_length: expected 1..2^30 tokens, got " + big},
+      {R"({"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": [)" + big + "]}",
+       "m.jsonl:1: hash_ids: expected integers in [-2^63, 2^63), got " + big},
+  };
+  for (const auto& [line, want] : cases) {
+    const std::string m = error_of([&] { pt::parse_mooncake_jsonl(line, "m.jsonl"); });
+    EXPECT_NE(m.find(want), std::string::npos) << m;
+    EXPECT_EQ(m.find("-1"), std::string::npos) << m;
+  }
+  // The largest int64 id is still an id.
+  const std::string max_id = R"({"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": [9223372036854775807]})";
+  EXPECT_EQ(pt::parse_mooncake_jsonl(max_id, "m.jsonl")[0].hash_ids[0], INT64_MAX);
+}
+
+// prompt + output must keep the KV length in int32: 2^30 + 2^30 is rejected naming both
+// fields (it overflowed `prompt + output + spec` in the replay); so is an int64 overflow.
+TEST(TraceLengths, SumsBeyondTheKvLimitAreRejectedNamingTheFields) {
+  const std::string hdr = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
+  EXPECT_NE(error_of([&] { pt::parse_azure_csv(hdr + "2023-11-16 18:15:46.5,1073741824,1073741824\n", "t.csv"); })
+                .find("t.csv:2: ContextTokens + GeneratedTokens: expected at most 2^30 tokens in all, got 2147483648"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { pt::parse_azure_csv(hdr + "2023-11-16 18:15:46.5,99999999999999999999,3\n", "t.csv"); })
+                .find("t.csv:2: ContextTokens: expected 1..2^30 tokens, got '99999999999999999999'"),
+            std::string::npos);
+  const std::string big = R"({"timestamp": 0, "input_length": 1073741824, "output_length": 1073741824, "hash_ids": []})";
+  EXPECT_NE(error_of([&] { pt::parse_mooncake_jsonl(big, "m.jsonl"); }).find("m.jsonl:1: input_length + output_length: expected at most 2^30 tokens in all, got 2147483648"),
+            std::string::npos);
+  EXPECT_EQ(pt::parse_azure_csv(hdr + "2023-11-16 18:15:46.5,1073741823,1\n", "t.csv")[0].prompt_len, 1073741823);
 }
