@@ -3,7 +3,7 @@
 # apt-get and Python packages through pip. Idempotent: re-running installs nothing new.
 set -euo pipefail
 
-debs=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev python3-venv)
+debs=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev python3-venv clang libclang-rt-14-dev)
 missing=()
 for p in "${debs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

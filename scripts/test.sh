@@ -1,10 +1,32 @@
 #!/usr/bin/env bash
 # The test command: installs dependencies, builds (with the CUDA kernels when nvcc is
-# present), and runs the CPU test suites (ctest label `cpu`).
+# present), runs the CPU test suites (ctest label `cpu`), then the fast CPU suites again
+# under AddressSanitizer + UBSan (non-recoverable: the `asan` preset) and the libFuzzer
+# targets of the trace readers and the scheduler (scripts/fuzz.sh, FUZZ_SECONDS each,
+# default 60). PAGEDMHA_SANITIZERS=0 skips the last two stages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 jobs=${JOBS:-$(nproc)}
+t0=$(date +%s)
 cmake --preset default >/dev/null
 cmake --build --preset default -j "$jobs"
 ctest --preset default -j "$jobs" --timeout 1200
+echo "test.sh: build + CPU suites $(( $(date +%s) - t0 )) s" >&2
+if [ "${PAGEDMHA_SANITIZERS:-1}" != 0 ]; then
+  t1=$(date +%s)
+  cmake --preset asan >/dev/null
+  cmake --build --preset asan -j "$jobs"
+  # The long replay runs stay in the plain suite (under ASan they take ~15 min); the
+  # fuzzers cover the readers and the scheduler under the sanitizers.
+  slow='^(tools_replay_default|Replay\.(LlamaLike|HybridWindow|HugeWindowMatchesFullAttention|DryRunPlans|ReportStrides)|ReplayProgress\.Complete|ReplayTimeLimit\.Generous|Check\.EveryOp)'
+  # allocator_may_return_null: oversized requests must reach our own error path, as
+  # they do without ASan, instead of aborting in the interceptor.
+  ASAN_OPTIONS=${ASAN_OPTIONS:-allocator_may_return_null=1} \
+  ctest --test-dir build/asan -L cpu -E "$slow" -j "$jobs" --timeout 1200 --output-on-failure
+  echo "test.sh: ASan + UBSan suites $(( $(date +%s) - t1 )) s" >&2
+  t2=$(date +%s)
+  bash scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+  echo "test.sh: fuzzers $(( $(date +%s) - t2 )) s" >&2
+fi
+echo "test.sh: all stages $(( $(date +%s) - t0 )) s" >&2
