@@ -105,7 +105,8 @@ struct LayerSpec {
   float k_scale = 1.0f, v_scale = 1.0f;
   float logits_soft_cap = 0.0f;
   /// Cache group whose page table this layer reads and writes. With one group in the step
-  /// the layer must name it or leave this empty; with several it must name one of them.
+  /// the layer must name it or leave this empty; with several it must name one of them;
+  /// with none (no group_tables) it must be empty.
   std::string group_id;
   TensorView sinks;      ///< Optional fp32 [Hq] sink logits.
 };
@@ -298,6 +299,7 @@ class MhaBackend {
   TensorView select_loc(const LayerSpec& layer, const AttentionMetadata* md,
                         const TensorView& out_cache_loc) const;
   GroupBuffers& eager_group(const std::string& id);
+  static void check_no_group(const LayerSpec& layer);
   const GroupMetadata& layer_group(const LayerSpec& layer, const AttentionMetadata& md) const;
   TensorView run_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                            const LayerSpec& layer, const KvCacheView& kv,

@@ -280,6 +280,14 @@ MhaBackend::GroupBuffers& MhaBackend::eager_group(const std::string& id) {
   return eager_groups_.emplace(id, std::move(g)).first->second;
 }
 
+void MhaBackend::check_no_group(const LayerSpec& layer) {
+  // A named group without its table would silently read and write the step's shared
+  // table, which belongs to another group in a hybrid model.
+  if (!layer.group_id.empty()) {
+    fail("layer.group_id", "empty (this step passed no cache-group tables)", "'" + layer.group_id + "'");
+  }
+}
+
 const GroupMetadata& MhaBackend::layer_group(const LayerSpec& layer, const AttentionMetadata& md) const {
   // A lone group also serves layers that name no group; a name must match, so a layer of
   // a group whose table is missing this step never reads another group's table.
@@ -482,7 +490,11 @@ const AttentionMetadata* MhaBackend::select_slot(ForwardMode mode) const {
 
 TensorView MhaBackend::select_loc(const LayerSpec& layer, const AttentionMetadata* md,
                                   const TensorView& out_cache_loc) const {
-  if (md == nullptr || md->groups.empty()) return out_cache_loc;
+  if (md == nullptr) return out_cache_loc;
+  if (md->groups.empty()) {
+    check_no_group(layer);
+    return out_cache_loc;
+  }
   if (config_.is_draft && out_cache_loc.defined()) return out_cache_loc;  // draft chains own their slots
   const GroupMetadata& g = layer_group(layer, *md);
   return g.out_cache_loc.defined() ? g.out_cache_loc : out_cache_loc;
@@ -525,6 +537,7 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   if (op == nullptr) {
     fail("metadata", "init_forward_metadata (or a graph replay) for this step's slot first", "no metadata");
   }
+  if (md.groups.empty()) check_no_group(layer);
   const int Hq = layer.num_q_heads, Hkv = layer.num_kv_heads, D = layer.head_dim;
   if (Hq < 1 || Hkv < 1 || Hq % Hkv != 0) {
     fail("layer.num_q_heads", "a positive multiple of num_kv_heads " + str(Hkv), str(Hq));

@@ -49,8 +49,6 @@ class BackendExecutor final : public AttentionExecutor {
     bc.stream = stream_;
     backend_ = create_backend("pagedmha", bc);
 
-    const int64_t slots = cfg_.num_pages * cfg_.page_size;
-    const size_t kv_bytes = static_cast<size_t>(slots) * m.num_kv_heads * m.head_dim * dtype_size(cfg_.kv_dtype);
     for (int l = 0; l < m.num_layers; ++l) {
       LayerSpec spec;
       spec.layer_id = l;
@@ -70,8 +68,11 @@ class BackendExecutor final : public AttentionExecutor {
         spec.sinks = sinks_.back().view({m.num_q_heads}, DType::fp32);
       }
       layers_.push_back(spec);
-      k_cache_.emplace_back(kv_bytes, dev_);
-      v_cache_.emplace_back(kv_bytes, dev_);
+      // Sized through Buffer::empty: its 64-bit product is checked before any allocation.
+      for (std::vector<Buffer>* pool : {&k_cache_, &v_cache_}) {
+        pool->push_back(Buffer::empty({cfg_.num_pages, cfg_.page_size, m.num_kv_heads, m.head_dim}, cfg_.kv_dtype, dev_));
+      }
+      const size_t kv_bytes = k_cache_.back().bytes();
       // Page 0 (and every unwritten slot) reads as zero.
       fill_bytes(k_cache_.back().data(), dev_, 0, kv_bytes, stream_);
       fill_bytes(v_cache_.back().data(), dev_, 0, kv_bytes, stream_);

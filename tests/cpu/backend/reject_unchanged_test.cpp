@@ -79,6 +79,10 @@ TEST_P(RejectUnchanged, PoolAndOutputBitwiseUnchanged) {
        {"layer.sinks", "index 1"}},
       {"sinks of 3", [&](LayerSpec& l) { l.sinks = TensorView(sinks3, DType::fp32, Device::cpu(), {3}); },
        {"layer.sinks", "[4]", "[3]"}},
+      // The step passed no cache-group tables: a named group must not fall back to the
+      // shared table (in a hybrid model that table belongs to another group).
+      {"group without tables", [](LayerSpec& l) { l.group_id = "sliding_attention"; },
+       {"layer.group_id", "sliding_attention"}},
       {"fp32 q", [](LayerSpec&) {}, {"MhaBackend", "q"}, true},
       {"strided q", [](LayerSpec&) {}, {"MhaBackend", "q"}, false, true},
       {"fp32 out", [](LayerSpec&) {}, {"MhaBackend", "out"}, false, false, true},

@@ -404,6 +404,20 @@ TEST(ReplayCli, MaxIntTokenBudgetAndMaxRunningMeanNoLimit) {
       << m;
 }
 
+// The repro: 2^24 pages x 4096 x 2^21 KV heads x 64 x 2 bytes is 2^64, which
+// wrapped to a 0-byte pool and then a wild write in append_kv. Now the pool's size is a
+// checked product and the error names the sizing flags before anything is allocated.
+TEST(ReplayCli, PoolSizeBeyond64BitsNamesTheFlags) {
+  const auto [rc, err] = cli_err({"replay", "--device", "cpu", "--requests", "1", "--model", "custom", "--layers", "1",
+                                  "--q-heads", "2097152", "--kv-heads", "2097152", "--head-dim", "64", "--page-size",
+                                  "4096", "--pages", "16777216", "--token-budget", "1", "--max-running", "1",
+                                  "--check-every", "0", "--no-progress", "--quiet"});
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_NE(err.find("replay: --pages / --token-budget / --max-running"), std::string::npos) << err;
+  EXPECT_NE(err.find("at most 2^63 - 1 bytes"), std::string::npos) << err;
+  EXPECT_EQ(lines(err), 1) << err;
+}
+
 // An empty or unknown --ops / --models list fails before the results folder is made
 // (',' used to write an empty results file and exit 0).
 TEST(BenchCli, EmptyOrUnknownListsFailBeforeTheOutDirIsMade) {
