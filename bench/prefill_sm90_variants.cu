@@ -4,7 +4,7 @@
 // events (kernels of milliseconds: launch cost is noise). Prints one line per shape and
 // appends JSON records (PERFORMANCE.md's schema plus "variant") to the file given.
 //
-//   prefill_sm90_variants <variant name> <out.jsonl>
+//   prefill_sm90_variants <variant name> <out.jsonl> [shape indices, e.g. 0,3]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -162,8 +162,23 @@ int main(int argc, char** argv) {
       {"llama3-8b", 32, 8, 128, 4, 4096, 16},  {"gpt-oss", 64, 8, 64, 1, 16384, 16},
       {"gpt-oss", 64, 8, 64, 4, 4096, 16},
   };
+  std::vector<bool> run(sizeof(shapes) / sizeof(shapes[0]), argc < 4);
+  if (argc >= 4) {
+    for (const char* c = argv[3]; *c;) {
+      char* end = nullptr;
+      const long i = std::strtol(c, &end, 10);
+      if (end == c || i < 0 || i >= static_cast<long>(run.size())) {
+        std::fprintf(stderr, "shape indices: expected a comma list of 0..%zu, got %s\n", run.size() - 1, argv[3]);
+        return 2;
+      }
+      run[static_cast<size_t>(i)] = true;
+      c = *end == ',' ? end + 1 : end;
+    }
+  }
   FILE* out = std::fopen(argv[2], "a");
-  for (const Shape& s : shapes) {
+  for (size_t si = 0; si < run.size(); ++si) {
+    if (!run[si]) continue;
+    const Shape& s = shapes[si];
     const double us = s.d == 128 ? run_shape<128>(s, sms, stream) : run_shape<64>(s, sms, stream);
     const double pairs = double(s.batch) * s.seq * (s.seq + 1) / 2.0;
     const double tflops = 4.0 * s.hq * s.d * pairs / (us * 1e-6) / 1e12;

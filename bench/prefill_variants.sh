@@ -5,7 +5,8 @@
 # like CMake does: $CUTLASS_INCLUDE, .deps/cutlass/include, or pip's nvidia-cutlass) and
 # an H100 / H200. Writes bench/results/<gpu>-prefill-variants-<date>.json.
 #
-#   bash bench/prefill_variants.sh ["name:-DFLAG=1 -DOTHER=2" ...]   (default: the set below)
+#   [SHAPES=0,3] bash bench/prefill_variants.sh ["name:-DFLAG=1 -DOTHER=2" ...]   (default: the set below;
+#   SHAPES: indices into the binary's shape list, default all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 inc=${CUTLASS_INCLUDE:-}
@@ -15,7 +16,7 @@ inc=${CUTLASS_INCLUDE:-}
 variants=("$@")
 if [ ${#variants[@]} -eq 0 ]; then
   variants=("default:" "stages2:-DPAGEDMHA_SM90_STAGES=2" "stages3:-DPAGEDMHA_SM90_STAGES=3" "cluster1:-DPAGEDMHA_SM90_CLUSTER=1"
-            "no-pingpong:-DPAGEDMHA_SM90_PINGPONG=0" "no-softmax:-DPAGEDMHA_SM90_DIAG=1" "producer-only:-DPAGEDMHA_SM90_DIAG=2")
+            "no-pingpong:-DPAGEDMHA_SM90_PINGPONG=0" "no-softmax:-DPAGEDMHA_SM90_DIAG=1" "no-gemm:-DPAGEDMHA_SM90_DIAG=2" "loads-only:-DPAGEDMHA_SM90_DIAG=3")
 fi
 dir=build/variants
 mkdir -p "$dir"
@@ -24,7 +25,9 @@ jsonl=$dir/records.jsonl
 for v in "${variants[@]}"; do
   name=${v%%:*} flags=${v#*:}
   # shellcheck disable=SC2086
-  nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DPAGEDMHA_WITH_SM90=1 \
+  # -DNDEBUG as in the library's Release build: CUTLASS's device asserts are calls, and a
+  # call inside the wgmma pipeline makes ptxas serialize every wgmma (warning C7510).
+  nvcc -std=c++17 -O3 -DNDEBUG -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DPAGEDMHA_WITH_SM90=1 \
     -Isrc -Iinclude -isystem "$inc" $flags bench/prefill_sm90_variants.cu src/cuda/common/attention_args.cu \
     src/cuda/hopper/tensor_map.cu -o "$dir/$name" >"$dir/$name.build.log" 2>&1 &
 done
@@ -32,7 +35,8 @@ wait
 for v in "${variants[@]}"; do
   name=${v%%:*}
   if [ -x "$dir/$name" ]; then
-    "$dir/$name" "$name" "$jsonl" || echo "$name: run failed"
+    # shellcheck disable=SC2086
+    "$dir/$name" "$name" "$jsonl" ${SHAPES:-} || echo "$name: run failed"
   else
     echo "$name: build failed: $(grep -m1 error "$dir/$name.build.log")"
   fi
