@@ -21,6 +21,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+/// ex2 with subnormal results flushed to +0: one MUFU.EX2, where the plain form costs a
+/// compare and two multiplies around it (its subnormal-range scaling). A probability
+/// below 2^-126 of the row's largest (which is >= 1/2) then counts as 0.
+__device__ __forceinline__ float fast_exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 struct SoftmaxRows {
   float m[2];  // reference: running max rounded up to an integer (-inf before any key)
   float l[2];  // running sum of exp2(s - m), partial over the thread's columns until finish()
@@ -38,8 +47,12 @@ struct SoftmaxRows {
   /// kLean (the Hopper consumers): the clamp of the exponent to <= 0, needed only when a
   /// logit overflows to +inf (then the reference is FLT_MAX), runs only in warps where
   /// that happened; below it the exponent is <= 0 up to one rounding of the product.
-  template <int NS, bool kLean = false>
+  /// kFtz: fast_exp2_ftz for the probabilities and alpha (kernels whose results are not
+  /// compared bitwise across key splits: a reference change can move a probability
+  /// across 2^-126 and so flush it on one side only).
+  template <int NS, bool kLean = false, bool kFtz = false>
   __device__ __forceinline__ void step(float (&s)[NS][4], float scale, float (&alpha)[2]) {
+    const auto ex2 = [](float x) { return kFtz ? fast_exp2_ftz(x) : fast_exp2(x); };
     float ref[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -52,7 +65,7 @@ struct SoftmaxRows {
       // A logit overflowing to +inf counts as FLT_MAX (SEMANTICS): the reference stays
       // finite and the clamp below gives such keys exp2(0) = 1 instead of inf - inf.
       ref[h] = mx == -INFINITY ? 0.0f : fminf(ceilf(mx), FLT_MAX);
-      alpha[h] = fast_exp2(m[h] - ref[h]);  // exact: 0, 2^-k or 1
+      alpha[h] = ex2(m[h] - ref[h]);  // exact: 0, 2^-k or 1 (ftz: 0 below 2^-126)
       m[h] = mx == -INFINITY ? -INFINITY : ref[h];
     }
     const bool clamp = !kLean || __any_sync(0xffffffffu, ref[0] == FLT_MAX || ref[1] == FLT_MAX);
@@ -62,15 +75,15 @@ struct SoftmaxRows {
       if (clamp) {
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
-          s[i][2 * h] = fast_exp2(fminf(fmaf(s[i][2 * h], scale, -ref[h]), 0.0f));
-          s[i][2 * h + 1] = fast_exp2(fminf(fmaf(s[i][2 * h + 1], scale, -ref[h]), 0.0f));
+          s[i][2 * h] = ex2(fminf(fmaf(s[i][2 * h], scale, -ref[h]), 0.0f));
+          s[i][2 * h + 1] = ex2(fminf(fmaf(s[i][2 * h + 1], scale, -ref[h]), 0.0f));
           sum += s[i][2 * h] + s[i][2 * h + 1];
         }
       } else {
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
-          s[i][2 * h] = fast_exp2(fmaf(s[i][2 * h], scale, -ref[h]));
-          s[i][2 * h + 1] = fast_exp2(fmaf(s[i][2 * h + 1], scale, -ref[h]));
+          s[i][2 * h] = ex2(fmaf(s[i][2 * h], scale, -ref[h]));
+          s[i][2 * h + 1] = ex2(fmaf(s[i][2 * h + 1], scale, -ref[h]));
           sum += s[i][2 * h] + s[i][2 * h + 1];
         }
       }

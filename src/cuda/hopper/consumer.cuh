@@ -30,7 +30,7 @@ struct DeviceVariant {
   /// tanh(x) = 1 - 2 / (e^2x + 1): ex2 and rcp, no branches (tanhf's registers would
   /// spill at D = 256); absolute error a few ulp of 1, which is what c * tanh needs.
   __device__ __forceinline__ static float tanh_fast(float x) {
-    return 1.0f - __fdividef(2.0f, fast_exp2(x * (2.0f * kLog2e)) + 1.0f);
+    return 1.0f - __fdividef(2.0f, fast_exp2_ftz(x * (2.0f * kLog2e)) + 1.0f);
   }
 
   /// Turns raw logits into log2 units; returns the scale left to fold into the softmax's
@@ -91,7 +91,7 @@ struct Consumer {
   }
 
   __device__ void issue_qk(float (&s)[BN / 8][4], int slot) const {
-    if constexpr (PAGEDMHA_SM90_DIAG == 2) {
+    if constexpr (PAGEDMHA_SM90_DIAG >= 2) {
       cute::warpgroup_commit_batch();
       return;
     }
@@ -110,7 +110,7 @@ struct Consumer {
   }
 
   __device__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[BN / 16][4], int slot) const {
-    if constexpr (PAGEDMHA_SM90_DIAG == 2) {
+    if constexpr (PAGEDMHA_SM90_DIAG >= 2) {
       cute::warpgroup_commit_batch();
       return;
     }
@@ -245,14 +245,14 @@ struct Consumer {
 
   __device__ void softmax(const Variant& var, float (&s)[BN / 8][4], int tile, const QueryTile& t, SoftmaxRows& smx,
                           float (&alpha)[2]) const {
-    if constexpr (PAGEDMHA_SM90_DIAG == 1) {
+    if constexpr (PAGEDMHA_SM90_DIAG == 1 || PAGEDMHA_SM90_DIAG == 3) {
       alpha[0] = alpha[1] = 1.0f;
       return;
     }
     const float fold = var.transform(s);
     const int key0 = tile * BN;
     if (!(key0 >= t.keys.common_lo && key0 + BN <= t.keys.common_hi)) mask(s, key0, t);
-    smx.template step<BN / 8, true>(s, fold, alpha);
+    smx.template step<BN / 8, true, Pol::kFtzExp2>(s, fold, alpha);
   }
 
   /// Direct output: o = acc * scale (sink counted once, empty rows 0), lse in natural log.

@@ -11,19 +11,47 @@
 
 namespace pagedmha::cuda::sm90 {
 
+/// Key positions of a request to page-table columns and rows in their page, and to TMA
+/// boxes of box_rows keys (a power of two that divides the page size: policy.h,
+/// kv_tma_ok). Shifts where the page size is a power of two (every TMA layout up to a
+/// page of one tile, and the usual page sizes): the producer maps rows and boxes to pages
+/// for every tile, and a 32-bit division is a chain of ~20 dependent instructions (with
+/// them the producer warps were the kernel's limit: docs/perf-notes.md).
+struct PageGeometry {
+  int page_size, page_shift;  // page_shift: log2(page_size), -1 when not a power of two
+  int box_rows, box_shift;    // TMA boxes (box_rows 0 on the gather path)
+
+  static PageGeometry make(int page_size, int box_rows) {
+    PageGeometry g{page_size, log2_exact(page_size), box_rows, box_rows > 0 ? log2_exact(box_rows) : 0};
+    return g;
+  }
+  static int log2_exact(int x) {
+    int k = 0;
+    while ((1 << k) < x) ++k;
+    return (1 << k) == x ? k : -1;
+  }
+  __device__ __forceinline__ int col(int pos) const { return page_shift >= 0 ? pos >> page_shift : pos / page_size; }
+  __device__ __forceinline__ int row(int pos) const {
+    return page_shift >= 0 ? pos & (page_size - 1) : pos % page_size;
+  }
+  /// The box holding key `pos`, and the first key of box u.
+  __device__ __forceinline__ int box(int pos) const { return pos >> box_shift; }
+  __device__ __forceinline__ int box_key(int u) const { return u << box_shift; }
+};
+
 /// Passed as a __grid_constant__ parameter (the tensor maps must live in parameter or
 /// global memory for TMA).
 struct Sm90Params {
   CUtensorMap tm_q;  // [rows][Hq][D] 16-bit, box [tokens][pack][64], 128B swizzle
-  CUtensorMap tm_k;  // [pages][page_size][Hkv][D], box [1][kv_box_rows][1][64], 128B swizzle
-  CUtensorMap tm_v;  // (fp8 caches: box [1][kv_box_rows][1][D] bytes, no swizzle: the raw tile)
+  CUtensorMap tm_k;  // [pages][page_size][Hkv][D], box [1][geo.box_rows][1][64], 128B swizzle
+  CUtensorMap tm_v;  // (fp8 caches: box [1][geo.box_rows][1][D] bytes, no swizzle: the raw tile)
   AttentionArgs a;
   TileSpace space;
   const int2* list;  // plan: query tiles in the order to run them
   const int* count;  // plan: number of list entries
   int pack;          // query heads per tile (GQA packing)
   int head_groups;   // group / pack
-  int kv_box_rows;   // rows of one K / V TMA box
+  PageGeometry geo;  // K / V pages and TMA boxes
   int cluster;       // CTAs per cluster (1, or 2 sharing each K / V tile by TMA multicast)
   bool tma_q, tma_kv;  // Q / 16-bit K and V by TMA (else the cp.async gather)
   bool tma_raw;        // fp8 K and V by TMA into the staging slots (else the gather)

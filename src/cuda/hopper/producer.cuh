@@ -2,10 +2,10 @@
 // streams its K / V tiles (last key tile first, the consumers' order: K0 K1 V0 K2 V1 ...)
 // into the swizzled rings, signalling the consumers through mbarriers. Three ways in,
 // chosen once per launch (policy.h, kv_tma_ok / q_tma_ok):
-//   * TMA: producer warp 0, one lane per box (a page, or a tile of a page), page ids
-//     read in parallel one tile ahead; the rows of V's last page past the request's
-//     length are copied by hand so that what lies there (anything) never meets a zero
-//     probability;
+//   * TMA: the four producer warps share each tile's boxes (a page, or a tile of a page:
+//     unit i to lane i / 4 of warp i % 4), page ids read in parallel one tile ahead; the
+//     rows of V's last page past the request's length are copied by hand (warp 0) so
+//     that what lies there (anything) never meets a zero probability;
 //   * cp.async gather (page size 1, odd sizes or strides): all 128 threads, one 16-byte
 //     chunk at a time through the page table (a tile's page ids read in one batch),
 //     zero-filling keys outside the tile's span;
@@ -67,13 +67,11 @@ struct Producer {
       if constexpr (kFp8) {
         convert_kv_all(t, pages, n, ks, vs, raw);
       } else if constexpr (kTma) {
-        if (tid < 32) {
-          stream_kv(
-              t, n, ks, vs, [&](int tile) { return lane_page(t, pages, tile); },
-              [&](int tile, bool is_v, int page, PipeState<S>& st, const CUtensorMap& map) {
-                tma_tile(t, pages, tile, is_v, page, st, map, walk.rank);
-              });
-        }
+        stream_kv(
+            t, n, ks, vs, [&](int tile) { return lane_page(t, pages, tile); },
+            [&](int tile, bool is_v, int page, PipeState<S>& st, const CUtensorMap& map) {
+              tma_tile(t, pages, tile, is_v, page, st, map, walk.rank);
+            });
       } else {
         stream_kv(
             t, n, ks, vs, [&](int tile) { return row_page(t, pages, tile); },
@@ -139,15 +137,28 @@ struct Producer {
     }
   }
 
-  // ---- TMA (warp 0) ------------------------------------------------------------------
+  // ---- TMA (16-bit: all four warps; fp8 staging: warp 0) ------------------------------
 
-  /// This lane's page id for KV tile `tile`: lane i owns the box of keys [u * R, u * R + R)
-  /// with u = a / R + i, for the boxes overlapping [a, e) (0 for the others).
+  /// Issuing a box costs a serial chain (elect a lane, move its coordinates to uniform
+  /// registers, UTMALDG): one warp issuing every box of a tile was the producer's limit
+  /// (H200: a page-16 tile's 16 boxes took ~2,300 cycles; docs/perf-notes.md), so the
+  /// warps split the boxes: unit i of a tile (from the first overlapping [a, e)) belongs
+  /// to lane i / kTmaWarps of warp i % kTmaWarps.
+  static constexpr int kTmaWarps = 4;
+  __device__ int my_unit() const { return (tid & 31) * kTmaWarps + (tid >> 5); }
+  /// Arrivals on a 16-bit TMA full barrier per phase: every lane of warp 0 (a
+  /// cp.async.mbarrier.arrive.noinc, which also waits for the lane's V-tail copies, if
+  /// any) and lane 0 of each other warp.
+  static constexpr int kTmaFullArrivals = 32 + kTmaWarps - 1;
+
+  /// This thread's page id for KV tile `tile`: unit my_unit() is the box of keys
+  /// [u * R, u * R + R) with u = a / R + my_unit(), for the boxes overlapping [a, e) (0 for
+  /// the others). fp8 staging (warp 0 alone) uses lane i for unit i.
   __device__ int lane_page(const QueryTile& t, const int32_t* pages, int tile) const {
     const Span sp = span(t, tile);
-    const int R = p.kv_box_rows;
-    const int u = sp.a / R + tid;
-    return u <= (sp.e - 1) / R ? __ldg(pages + u * R / p.a.page_size) : 0;
+    const PageGeometry& g = p.geo;
+    const int u = g.box(sp.a) + (kFp8 ? tid : my_unit());
+    return u <= g.box(sp.e - 1) ? __ldg(pages + g.col(g.box_key(u))) : 0;
   }
 
   /// The item's K / V tiles in the consumers' order K0, K1, V0, K2, V1, ...: `issue`
@@ -171,19 +182,21 @@ struct Producer {
   }
 
   /// One K or V tile by TMA into the next stage of `st` (16-bit: 128-byte rows per
-  /// panel); V's unit holding keys past L is copied by hand. In a cluster of two the
-  /// boxes (unit, panel) alternate between the CTAs and each is multicast to both: each
-  /// CTA's full barrier expects the whole tile, its empty barrier both CTAs' releases.
+  /// panel); V's unit holding keys past L is copied by hand (warp 0). Each producer warp
+  /// expects the bytes of its units, then arrives (kTmaFullArrivals). In a cluster of two the boxes (unit, panel) alternate between the CTAs
+  /// and each is multicast to both: each CTA's full barrier expects the whole tile, its
+  /// empty barrier both CTAs' releases.
   __device__ void tma_tile(const QueryTile& t, const int32_t* pages, int tile, bool is_v, int page,
                            PipeState<S>& st, const CUtensorMap& map, int rank) const {
-    const int lane = tid;
+    const int lane = tid & 31, i = my_unit();
     const Span sp = span(t, tile);
-    const int R = p.kv_box_rows, P = p.a.page_size;
-    const int u0 = sp.a / R, u1 = (sp.e - 1) / R;
-    const int tail = (is_v && t.L % R != 0) ? (t.L - 1) / R : -1;  // unit holding keys past L
-    const int u = u0 + lane;
+    const PageGeometry& g = p.geo;
+    const int R = g.box_rows;
+    const int u0 = g.box(sp.a), u1 = g.box(sp.e - 1);
+    const int tail = (is_v && (t.L & (R - 1)) != 0) ? g.box(t.L - 1) : -1;  // unit holding keys past L
+    const int u = u0 + i;
     const bool mine = u <= u1 && u != tail;
-    const int pos = u * R;
+    const int pos = g.box_key(u);
     uint64_t* full = is_v ? sm.v_full(st.slot) : sm.k_full(st.slot);
     char* dst = is_v ? sm.v(st.slot) : sm.k(st.slot);
     wait(is_v ? sm.v_empty(st.slot) : sm.k_empty(st.slot), st.phase ^ 1);
@@ -195,40 +208,41 @@ struct Producer {
       for (int c = 0; c < kPanels; ++c) {
         char* box = dst + c * BN * 128 + (pos - sp.key0) * 128;
         if (p.cluster == 1) {
-          tma_load_4d(&map, full, box, c * 64, t.kv_head, pos % P, page, kEvictLast);
-        } else if ((lane * kPanels + c) % 2 == rank) {
-          tma_load_4d_multicast(&map, full, box, 0x3, c * 64, t.kv_head, pos % P, page, kEvictLast);
+          tma_load_4d(&map, full, box, c * 64, t.kv_head, g.row(pos), page, kEvictLast);
+        } else if ((i * kPanels + c) % 2 == rank) {
+          tma_load_4d_multicast(&map, full, box, 0x3, c * 64, t.kv_head, g.row(pos), page, kEvictLast);
         }
       }
     }
-    if (tail >= u0 && tail <= u1) {
-      // Keys [max(tail * R, a), min(L, e)) by cp.async, each lane's copies holding the
-      // barrier's phase open (cp.async.mbarrier.arrive without .noinc); the rest of the
-      // unit keeps what the stage held (finite: earlier V rows or the zeros written at start).
-      const int r0 = tail * R > sp.a ? tail * R : sp.a;
+    if (tid < 32 && tail >= u0 && tail <= u1) {
+      // Keys [max(tail * R, a), min(L, e)) by cp.async; the rest of the unit keeps what
+      // the stage held (finite: earlier V rows or the zeros written at start).
+      const int r0 = g.box_key(tail) > sp.a ? g.box_key(tail) : sp.a;
       const int r1 = t.L < sp.e ? t.L : sp.e;
-      copy_rows(t, pages, sp.key0, r0, r1, dst, full);
+      copy_rows(t, pages, sp.key0, r0, r1, dst);
     }
     __syncwarp();
-    if (lane == 0) arrive(full);
+    if (tid < 32) {
+      cp_async_arrive(full);  // once this lane's tail copies (if any) have landed
+    } else if (lane == 0) {
+      arrive(full);
+    }
     st.advance();
   }
 
   /// Warp 0: cp.async of V keys [r0, r1) (one page: inside the tail unit) into the
-  /// swizzled 16-bit tile; every lane's copies count on `bar`.
-  __device__ void copy_rows(const QueryTile& t, const int32_t* pages, int key0, int r0, int r1, char* dst,
-                            uint64_t* bar) const {
-    const int P = p.a.page_size;
-    const int64_t page = __ldg(pages + r0 / P);
+  /// swizzled 16-bit tile (the caller's cp_async_arrive counts them on the full barrier).
+  __device__ void copy_rows(const QueryTile& t, const int32_t* pages, int key0, int r0, int r1, char* dst) const {
+    const PageGeometry& g = p.geo;
+    const int64_t page = __ldg(pages + g.col(r0));
     const char* base = static_cast<const char*>(p.a.v) +
                        (int64_t{t.kv_head} * p.a.v_head_stride + page * p.a.v_page_stride) * 2;
 #pragma unroll 1
     for (int idx = tid; idx < (r1 - r0) * kChunks; idx += 32) {
       const int pos = r0 + idx / kChunks, c = idx % kChunks;
-      cp_async_16(smem_addr(dst + tile_offset(BN, pos - key0, c)), base + (pos % P) * p.a.v_token_stride * 2 + c * 16,
+      cp_async_16(smem_addr(dst + tile_offset(BN, pos - key0, c)), base + g.row(pos) * p.a.v_token_stride * 2 + c * 16,
                   true);
     }
-    cutlass::arch::cpasync_barrier_arrive(bar);
   }
 
   // ---- cp.async gather (all 128 threads) ---------------------------------------------
@@ -240,31 +254,35 @@ struct Producer {
   __device__ int row_page(const QueryTile& t, const int32_t* pages, int tile) const {
     const Span sp = span(t, tile);
     const int lane = tid & 31, pos = sp.key0 + (tid >> 5) * kWarpRows + lane;
-    return lane < kWarpRows && pos >= sp.a && pos < sp.e ? __ldg(pages + pos / p.a.page_size) : -1;
+    return lane < kWarpRows && pos >= sp.a && pos < sp.e ? __ldg(pages + p.geo.col(pos)) : -1;
   }
 
   /// The warp's kWarpRows rows of KV tile `tile` by 16-byte cp.async: kRowChunks chunks of
-  /// kEsize-byte elements per row, each row's page id from the lane that read it
-  /// (row_page). The destination is the swizzled 16-bit tile (kEsize 2) or the dense raw
-  /// fp8 slot (kEsize 1, rows of D bytes).
+  /// kEsize-byte elements per row. Each lane first forms its own row's source address
+  /// (from the page id row_page read; null for rows outside the span, which are
+  /// zero-filled), once per tile; the chunks then go out row after row (consecutive lanes
+  /// on consecutive chunks of a row: coalesced), each lane taking its row's address from
+  /// the lane that formed it. The destination is the swizzled 16-bit tile (kEsize 2) or
+  /// the dense raw fp8 slot (kEsize 1, rows of D bytes).
   template <int kRowChunks, int kEsize>
   __device__ void gather(const QueryTile& t, int tile, int page, bool is_v, char* dst) const {
     const void* cache = is_v ? p.a.v : p.a.k;
-    const int P = p.a.page_size;
     const int64_t ps = is_v ? p.a.v_page_stride : p.a.k_page_stride;
     const int64_t ts = is_v ? p.a.v_token_stride : p.a.k_token_stride;
     const int64_t hs = is_v ? p.a.v_head_stride : p.a.k_head_stride;
     const char* base = static_cast<const char*>(cache) + int64_t{t.kv_head} * hs * kEsize;
     const int lane = tid & 31, row0 = (tid >> 5) * kWarpRows, key0 = tile * BN;
+    const char* row = nullptr;
+    if (page >= 0) row = base + (int64_t{page} * ps + p.geo.row(key0 + row0 + lane) * ts) * kEsize;
+    static_assert((kWarpRows * kRowChunks) % 32 == 0, "whole warp steps");
 #pragma unroll 4
     for (int idx = lane; idx < kWarpRows * kRowChunks; idx += 32) {
       const int rl = idx / kRowChunks, c = idx % kRowChunks;
-      const int pg = __shfl_sync(0xffffffffu, page, rl);
-      const int r = row0 + rl, pos = key0 + r;
-      const bool valid = pg >= 0;
-      const char* src = valid ? base + (int64_t{pg} * ps + (pos % P) * ts) * kEsize + c * 16 : base;
+      const char* src = reinterpret_cast<const char*>(
+          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(row), rl));
+      const int r = row0 + rl;
       const uint32_t off = kEsize == 2 ? tile_offset(BN, r, c) : static_cast<uint32_t>(r * D + c * 16);
-      cp_async_16(smem_addr(dst + off), src, valid);
+      cp_async_16(smem_addr(dst + off), src != nullptr ? src + c * 16 : base, src != nullptr);
     }
   }
 
@@ -354,16 +372,16 @@ struct Producer {
       return;
     }
     if (tid >= 32) return;
-    const int R = p.kv_box_rows, P = p.a.page_size;
-    const int u = sp.a / R + tid;
-    const bool mine = u <= (sp.e - 1) / R;
+    const PageGeometry& g = p.geo;
+    const int u = g.box(sp.a) + tid;
+    const bool mine = u <= g.box(sp.e - 1);
     uint64_t* full = sm.raw_full(slot);
-    const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? static_cast<uint32_t>(R * D) : 0u);
+    const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? static_cast<uint32_t>(g.box_rows * D) : 0u);
     if (tid == 0) expect_tx(full, bytes);
     __syncwarp();
     if (mine) {
-      tma_load_4d(is_v ? &p.tm_v : &p.tm_k, full, sm.raw(slot) + (u * R - sp.key0) * D, 0, t.kv_head,
-                  (u * R) % P, page, kEvictLast);
+      tma_load_4d(is_v ? &p.tm_v : &p.tm_k, full, sm.raw(slot) + (g.box_key(u) - sp.key0) * D, 0, t.kv_head,
+                  g.row(g.box_key(u)), page, kEvictLast);
     }
     __syncwarp();
     if (tid == 0) arrive(full);

@@ -22,8 +22,9 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
   const SmemLayout<Pol> sm(smem_raw);
   const int tid = threadIdx.x;
   if (tid == 0) {
-    // One TMA lane, or every producer thread (cp.async, or the fp8 conversion).
-    const uint32_t kv_arrivals = kTma && !Pol::kFp8Kv ? 1 : 128;
+    // TMA: Producer::kTmaFullArrivals; else every producer thread (cp.async, or the fp8
+    // conversion).
+    const uint32_t kv_arrivals = kTma && !Pol::kFp8Kv ? Producer<Pol, T, KV, kTma>::kTmaFullArrivals : 128;
     // Every consumer warp of every CTA the stages are multicast to.
     const uint32_t releases = kConsumerWarps * p.cluster;
     Barrier::init(sm.q_full(), p.tma_q ? 1 : 128);
@@ -51,8 +52,7 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
   }
   if (tid < 128) {
     cutlass::arch::warpgroup_reg_dealloc<Pol::kProducerRegs>();
-    // With TMA for everything only warp 0 has work.
-    if (!(kTma && !Pol::kFp8Kv && p.tma_q && tid >= 32)) Producer<Pol, T, KV, kTma>{p, sm, tid}.run();
+    Producer<Pol, T, KV, kTma>{p, sm, tid}.run();
   } else {
     cutlass::arch::warpgroup_reg_alloc<Pol::kConsumerRegs>();
     Consumer<Pol, T, DeviceVariant>{p, sm, tid / 128 - 1, tid % 128}.run();

@@ -27,14 +27,14 @@ constexpr CUtensorMapDataType tensor_map_dtype() {
 template <int D, class T, bool kFp8>
 bool kv_tensor_maps(const detail::KvCacheDesc& kv, int block_n, Sm90Params& p) {
   const int64_t es = kFp8 ? 1 : 2;
-  p.kv_box_rows = kv_box_rows(kv.page_size, block_n);
+  p.geo = PageGeometry::make(kv.page_size, kv_box_rows(kv.page_size, block_n));
   if (!kv_tma_ok(kv.page_size, block_n, kv.k.data, kv.v.data, kv.k.page_stride * es, kv.k.token_stride * es,
                  kv.k.head_stride * es, kv.v.page_stride * es, kv.v.token_stride * es, kv.v.head_stride * es,
                  kv.num_pages)) {
     return false;
   }
   const uint64_t dims[4] = {uint64_t(D), uint64_t(kv.num_kv_heads), uint64_t(kv.page_size), uint64_t(kv.num_pages)};
-  const uint32_t box[4] = {kFp8 ? uint32_t(D) : 64u, 1, uint32_t(p.kv_box_rows), 1};
+  const uint32_t box[4] = {kFp8 ? uint32_t(D) : 64u, 1, uint32_t(p.geo.box_rows), 1};
   const uint64_t ks[3] = {uint64_t(kv.k.head_stride * es), uint64_t(kv.k.token_stride * es),
                           uint64_t(kv.k.page_stride * es)};
   const uint64_t vs[3] = {uint64_t(kv.v.head_stride * es), uint64_t(kv.v.token_stride * es),
@@ -59,7 +59,8 @@ void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, i
   using Pol = PrefillPolicy<D, kFp8>;
   Sm90Params p{};
   p.a = a;
-  const bool tma = kv_tensor_maps<D, T, kFp8>(prob.kv, Pol::kBlockN, p);
+  const bool tma = !PAGEDMHA_SM90_FORCE_GATHER && kv_tensor_maps<D, T, kFp8>(prob.kv, Pol::kBlockN, p);
+  if (!tma) p.geo = PageGeometry::make(prob.kv.page_size, 0);
   p.tma_kv = tma && !kFp8;
   p.tma_raw = tma && kFp8;
   p.cluster = cluster_size(a.group, p.tma_kv);

@@ -9,8 +9,11 @@
 
 // Experiment knobs for bench/prefill_sm90_variants.cu (the library builds the defaults):
 // PAGEDMHA_SM90_PINGPONG=0 turns the warpgroups' turn-taking off, PAGEDMHA_SM90_STAGES=k
-// forces k K / V stages, PAGEDMHA_SM90_DIAG=1 leaves the softmax out (P = S) and =2 the
-// consumers' GEMMs (they only wait and release: the producer's rate).
+// forces k K / V stages, PAGEDMHA_SM90_DIAG=1 leaves the softmax out (P = S), =2 the
+// consumers' GEMMs (softmax, waits and releases remain) and =3 both (the consumers only
+// wait and release: the rate at which the producer delivers K / V), PAGEDMHA_SM90_FTZ=0
+// the plain ex2 and PAGEDMHA_SM90_FORCE_GATHER=1 the cp.async gather where TMA could load
+// K / V.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 1
 #endif
@@ -19,6 +22,12 @@
 #endif
 #ifndef PAGEDMHA_SM90_DIAG
 #define PAGEDMHA_SM90_DIAG 0
+#endif
+#ifndef PAGEDMHA_SM90_FORCE_GATHER
+#define PAGEDMHA_SM90_FORCE_GATHER 0
+#endif
+#ifndef PAGEDMHA_SM90_FTZ
+#define PAGEDMHA_SM90_FTZ 1
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -51,6 +60,12 @@ struct PrefillPolicy {
   // softmax overlaps the other's tensor-core work; within a warpgroup, QK of tile j + 1
   // is issued before the softmax of tile j.
   static constexpr bool kPingPong = PAGEDMHA_SM90_PINGPONG != 0;
+  // The softmax's ex2 flushes subnormal results (ex2.approx.ftz): one MUFU.EX2 per
+  // probability instead of MUFU plus a compare and two multiplies, which roughly halves
+  // the softmax's instructions (the wgmma consumers' critical path between their GEMMs;
+  // docs/perf-notes.md). No split-KV here, so nothing is compared bitwise across key
+  // ranges. PAGEDMHA_SM90_FTZ=0 restores the plain ex2 (experiment).
+  static constexpr bool kFtzExp2 = PAGEDMHA_SM90_FTZ != 0;
 
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage (16-bit)
