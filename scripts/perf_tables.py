@@ -6,7 +6,8 @@ Three kinds of results file, in this order on the page:
   command and commit, the ceilings measured in the same run, the issue's targets, and one
   table per (op, model) with our figures next to the peers' and the ratios record by record;
 - trace replays (`pagedmha replay --json`, recognised by "tool"): one summary table, a
-  column per file, and a link to docs/replay-<name>.png where that plot exists;
+  column per file, and a link to docs/replay-<name>-<yyyymmdd>.png (else
+  docs/replay-<name>.png) where that plot exists;
 - backend host overhead (bench/backend_overhead.cpp, recognised by its ops): mode x batch
   host time, with the <= 20 us target at batch 256;
 - kernel-variant comparisons (bench/prefill_variants.sh, recognised by records carrying
@@ -336,9 +337,13 @@ def replay_section(reps: List[Tuple[str, dict]], plots_dir: Optional[Path]) -> L
         short = replay_name(name)
         lines = [f"`{short}` (`bench/results/{name}`), {doc.get('gpu') or 'no GPU'}, "
                  f"{doc.get('executor', '')}:", *_meta(doc)]
-        plot = f"replay-{short}.png"
-        if plots_dir is not None and (plots_dir / plot).is_file():
-            lines.append(f"- plot: [docs/{plot}]({plot})")
+        # A report's own dated plot (replay-<name>-<yyyymmdd>.png) where there is one,
+        # else the name's plot.
+        date = name[:-len(".json")].rsplit("-", 1)[-1]
+        for plot in (f"replay-{short}-{date}.png", f"replay-{short}.png"):
+            if plots_dir is not None and (plots_dir / plot).is_file():
+                lines.append(f"- plot: [docs/{plot}]({plot})")
+                break
         parts.append("\n".join(lines) + "\n")
     return parts
 

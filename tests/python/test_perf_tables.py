@@ -378,6 +378,14 @@ def test_replay_table_and_plot_link(tmp_path):
     assert "Targets:" not in text  # the attention targets belong to attention files only
 
 
+def test_replay_prefers_the_reports_dated_plot(tmp_path):
+    text = render_dir(tmp_path, {"h200-replay-a-20261130.json": replay_doc(),
+                                 "h200-replay-a-20261202.json": replay_doc()},
+                      plots=["replay-a.png", "replay-a-20261202.png"])
+    assert "- plot: [docs/replay-a-20261202.png](replay-a-20261202.png)" in text
+    assert "- plot: [docs/replay-a.png](replay-a.png)" in text  # the older report keeps the name's plot
+
+
 def test_replay_check_mismatch_and_missing_ceilings(tmp_path):
     doc = replay_doc(ratio_roofline=None, ratio_decode_read_ceiling=None, ceilings=None)
     doc["check"] = {"ok": False, "failure": "step 7: relative L2 error 0.5 > 1e-02"}
