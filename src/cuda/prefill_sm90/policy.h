@@ -99,8 +99,8 @@ inline int gqa_pack(int group) {
 /// CTAs per cluster: two when K / V come by TMA and the query heads of a KV head split
 /// into two head groups (an even GQA group): the pair runs the same tokens of the same KV
 /// head, so each K / V box is loaded once and multicast to both, halving the L2 -> SM
-/// traffic (which, with one CTA, caps the 1 x 16k causal llama3-8b shape near 440 TFLOP/s
-/// at page 16: bench/prefill_variants.sh's producer-only variant). Else one.
+/// traffic and each CTA's box issues (H200, run 4 of 2026-12-02: clusters of one lose
+/// 10% at llama3-8b 1 x 16k page 16 and tie at D = 64; docs/perf-notes.md). Else one.
 #ifndef PAGEDMHA_SM90_CLUSTER
 #define PAGEDMHA_SM90_CLUSTER 2
 #endif
