@@ -6,17 +6,18 @@ page size 16) as an engine written for the upstream "trtllm" backend drives it:
 1. extend: three new prompts (37, 5 and 20 tokens) in one step: forward_extend writes
    their K/V into the paged cache and attends causally;
 2. decode: one new token per request through forward_decode;
-3. CUDA graph (GPU only): the decode step captured once in a torch.cuda.CUDAGraph at a
-   padded batch size of 4, then replayed for two more tokens, with only the metadata call
-   (init_forward_metadata_replay_cuda_graph) outside the graph.
+3. CUDA graph: the decode step captured once in a torch.cuda.CUDAGraph at a padded batch
+   size of 4, then replayed for two more tokens, with only the metadata call
+   (init_forward_metadata_replay_cuda_graph) outside the graph. On the CPU the same
+   graph-mode buffers and metadata calls, the step run eagerly instead of replayed.
 
 Every output is checked against PyTorch SDPA (fp32) over the K/V history the engine keeps
 itself, so a token written to the wrong slot or a wrong mask fails the run.
 
     PYTHONPATH=build/default/python python3 examples/python/engine_step.py [--device cpu|cuda]
 
---device defaults to cuda when a GPU and a CUDA build are there, else cpu (steps 1-2
-only). Exit status: 0 all checks passed, 1 a mismatch, 77 torch is not installed.
+--device defaults to cuda when a GPU and a CUDA build are there, else cpu. Exit status:
+0 all checks passed, 1 a mismatch, 77 torch is not installed.
 """
 
 import argparse
@@ -109,7 +110,7 @@ class Engine:
 def check(label, got, want):
     err = (got.cpu().float() - want).abs().max().item()
     ok = torch.isfinite(got).all().item() and err <= TOLERANCE
-    print(f"  {label:<34} max |out - ref| = {err:.4f}  {'ok' if ok else 'MISMATCH'}")
+    print(f"  {label:<42} max |out - ref| = {err:.4f}  {'ok' if ok else 'MISMATCH'}")
     return ok
 
 
@@ -165,7 +166,9 @@ def decode_step(engine, rows):
 
 def graph_decode_steps(engine, rows, steps):
     """The decode step captured once at GRAPH_BS rows (real rows first, padded rows reading
-    request row 0 with length 1 and writing the dummy slot 0), replayed `steps` times."""
+    request row 0 with length 1 and writing the dummy slot 0), replayed `steps` times. On
+    the CPU there is no graph: the same static buffers and graph-mode metadata, with the
+    captured step run eagerly at each "replay"."""
     dev, bs, backend = engine.device, GRAPH_BS, engine.backend
     # Engine-owned static buffers: the graph reads them at replay time.
     seq_lens_buf = torch.ones(MAX_BS, dtype=torch.int32, device=dev)
@@ -176,17 +179,24 @@ def graph_decode_steps(engine, rows, steps):
     v_buf = [torch.zeros_like(k) for k in k_buf]
     out_buf = [torch.zeros_like(q) for q in q_buf]
 
-    backend.init_cuda_graph_state(MAX_BS, seq_lens_buf)
-    backend.init_forward_metadata_capture_cuda_graph(bs, pm.ForwardMode.decode)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # the backend issues its work on the capture stream
+    def step():
         for layer in range(LAYERS):
             backend.forward_decode(q_buf[layer], k_buf[layer], v_buf[layer], engine.layers[layer],
                                    engine.k_cache[layer], engine.v_cache[layer], loc_buf, bs,
                                    out_buf[layer])
 
+    backend.init_cuda_graph_state(MAX_BS, seq_lens_buf)
+    backend.init_forward_metadata_capture_cuda_graph(bs, pm.ForwardMode.decode)
+    if dev == "cpu":
+        replay, name = step, "graph-mode decode (eager, CPU)"
+    else:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # the backend issues its work on the capture stream
+            step()
+        replay, name = graph.replay, "CUDA-graph replay"
+
     ok, real = True, len(rows)
-    for step in range(steps):
+    for i in range(steps):
         lens = [engine.seq_lens[r] + 1 for r in rows]
         seq_lens_buf[:bs] = torch.tensor(lens + [1] * (bs - real), dtype=torch.int32)
         rpi_buf[:bs] = torch.tensor(rows + [0] * (bs - real), dtype=torch.int32)
@@ -198,11 +208,12 @@ def graph_decode_steps(engine, rows, steps):
         backend.init_forward_metadata_replay_cuda_graph(pm.ForwardBatch(
             forward_mode=pm.ForwardMode.decode, batch_size=bs, req_pool_indices=rpi_buf,
             seq_lens=seq_lens_buf, req_to_page=engine.req_to_page_dev))
-        graph.replay()
-        torch.cuda.synchronize()
+        replay()
+        if dev != "cpu":
+            torch.cuda.synchronize()
         for layer, (q, k, v) in enumerate(tokens):
             engine.record(layer, rows, [1] * real, k, v)
-            ok &= check(f"graph replay {step} layer {layer}", out_buf[layer][:real],
+            ok &= check(f"{name} {i} layer {layer}", out_buf[layer][:real],
                         engine.reference(layer, rows, [1] * real, q))
             ok &= bool(torch.isfinite(out_buf[layer][real:]).all())  # padded rows
         for r, n in zip(rows, lens):
@@ -226,10 +237,9 @@ def main():
           f"page {PAGE}")
     ok = extend_step(engine, rows, [37, 5, 20])
     ok &= decode_step(engine, rows)
-    if args.device == "cuda":
-        ok &= graph_decode_steps(engine, rows, steps=2)
-    else:
-        print("  CUDA-graph decode: skipped (no GPU; run with a CUDA device for it)")
+    ok &= graph_decode_steps(engine, rows, steps=2)
+    if args.device == "cpu":
+        print("  (no CUDA graph on the CPU: run with a CUDA device for the captured step)")
     print("all checks passed" if ok else "MISMATCH")
     return 0 if ok else 1
 
