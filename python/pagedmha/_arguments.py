@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import types
 import typing
 from typing import Callable, NamedTuple, Optional
 
@@ -68,7 +69,8 @@ def signature_of(func) -> tuple[Param, ...]:
 def _annotation_name(annotation) -> str:
     """A Python annotation in the spelling of nanobind's signatures ("int", "X | None")."""
     args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is typing.Union and type(None) in args:
+    unions = (typing.Union, getattr(types, "UnionType", typing.Union))  # Optional[X], X | None
+    if typing.get_origin(annotation) in unions and type(None) in args:
         rest = [a for a in args if a is not type(None)]
         if len(rest) == 1:
             return _annotation_name(rest[0]) + " | None"
