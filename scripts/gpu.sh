@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One command for the GPU machine (no internet, no package registry): configure the
-# `cuda` preset with the carried dependencies (.deps/), build, run the GPU tests, the
-# compute-sanitizer subset and the attention benchmark; print a short summary last.
+# `cuda` preset with the carried dependencies (.deps/), build, run the GPU tests (ctest -L
+# gpu: the C++ GPU suites, the Python/torch tests and examples/python/engine_step.py with
+# its CUDA-graph step), the compute-sanitizer subset and the attention benchmark; print a
+# short summary last.
 # Every stage runs even when an earlier one failed; the exit status is non-zero when
 # any stage failed.
 #

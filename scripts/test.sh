@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The test command: installs dependencies, builds (with the CUDA kernels when nvcc is
-# present), runs the CPU test suites (ctest label `cpu`), then the fast CPU suites again
-# under AddressSanitizer + UBSan (non-recoverable: the `asan` preset) and the libFuzzer
-# targets of the trace readers and the scheduler (scripts/fuzz.sh, FUZZ_SECONDS each,
-# default 60). PAGEDMHA_SANITIZERS=0 skips the last two stages.
+# present), runs the CPU test suites (ctest label `cpu`), builds the Python wheel (CPU-only,
+# scripts/wheel.sh) and runs the Python tests against it in a fresh venv, then the fast CPU
+# suites again under AddressSanitizer + UBSan (non-recoverable: the `asan` preset) and the
+# libFuzzer targets of the trace readers and the scheduler (scripts/fuzz.sh, FUZZ_SECONDS
+# each, default 60). PAGEDMHA_WHEEL=0 skips the wheel stage, PAGEDMHA_SANITIZERS=0 the
+# last two.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -13,6 +15,11 @@ cmake --preset default >/dev/null
 cmake --build --preset default -j "$jobs"
 ctest --preset default -j "$jobs" --timeout 1200
 echo "test.sh: build + CPU suites $(( $(date +%s) - t0 )) s" >&2
+if [ "${PAGEDMHA_WHEEL:-1}" != 0 ]; then
+  tw=$(date +%s)
+  bash scripts/wheel.sh
+  echo "test.sh: wheel (CPU-only) + Python tests against it in a venv $(( $(date +%s) - tw )) s" >&2
+fi
 if [ "${PAGEDMHA_SANITIZERS:-1}" != 0 ]; then
   t1=$(date +%s)
   cmake --preset asan >/dev/null

@@ -11,7 +11,13 @@ runs on the current stream of the first torch (or CuPy) CUDA input, else on the 
 default stream; CPU calls ignore it and return when done.
 
 Errors: invalid arguments raise :class:`Error` (a ``ValueError``) whose message names the
-op, the argument, the expectation and the value given.
+op, the argument, the expectation and the value given; so do arguments of the wrong type
+(None for a required array, a float page size, a str for an int, a missing argument),
+which the extension alone would report as a ``TypeError``.
+
+Softmax scale: ``bmm1_scale=None`` (the default of batch_decode and batch_prefill) means
+``head_dim ** -0.5`` with head_dim = ``q.shape[-1]``, as in FlashAttention and FlashInfer;
+a value given is used as is (with an fp8 cache it must include ``k_scale``).
 
 ``pagedmha.torch`` registers the ops as ``torch.library`` custom ops (torch.compile, CUDA
 graphs).
@@ -23,13 +29,11 @@ import functools as _functools
 import itertools as _itertools
 import sys as _sys
 
-from . import _pagedmha
+from . import _arguments, _pagedmha
 from ._pagedmha import (
     DType,
     Error,
-    ForwardBatch,
     ForwardMode,
-    LayerSpec,
     MhaBackend,
     TypedArray,
     built_with_cuda,
@@ -60,16 +64,12 @@ def view_as(array, dtype) -> TypedArray:
         TypedArray, accepted by every op wherever an array is.
 
     Raises:
-        pagedmha.Error: element size mismatch. ValueError: unknown dtype name.
+        pagedmha.Error: element size mismatch, unknown dtype name, an argument of the wrong type.
     """
-    if isinstance(dtype, str):
-        try:
-            dtype = DType.__members__[dtype]
-        except KeyError:
-            raise ValueError(
-                f"view_as: dtype: expected one of {', '.join(DType.__members__)}, got {dtype!r}"
-            ) from None
-    return _pagedmha.view_as(_export(array), dtype)
+    return _view_as(_export(array), _arguments.dtype(dtype, "view_as", "dtype"))
+
+
+_view_as = _arguments.checked("view_as", _pagedmha.view_as)
 
 
 def _current_stream(values) -> int:
@@ -125,7 +125,7 @@ def _stream_defaulted(op):
         args, kwargs = _export_all(args, kwargs)
         return op(*args, stream=stream, **kwargs)
 
-    return call
+    return _arguments.checked(op.__name__, op, call)
 
 
 append_kv = _stream_defaulted(_pagedmha.append_kv)
@@ -136,7 +136,10 @@ cumsum_lengths = _stream_defaulted(_pagedmha.cumsum_lengths)
 clamp_seq_lens = _stream_defaulted(_pagedmha.clamp_seq_lens)
 decode_write_slots = _stream_defaulted(_pagedmha.decode_write_slots)
 extend_write_slots = _stream_defaulted(_pagedmha.extend_write_slots)
-
+decode_workspace_size = _arguments.checked("decode_workspace_size", decode_workspace_size)
+prefill_workspace_size = _arguments.checked("prefill_workspace_size", prefill_workspace_size)
+visible_pairs = _arguments.checked("visible_pairs", visible_pairs)
+set_debug_validation = _arguments.checked("set_debug_validation", set_debug_validation)
 
 
 def _device_stream(device: str) -> int | None:
@@ -167,6 +170,14 @@ def _backend_method(method):
     return call
 
 
+def _checked_method(cls, name, wrap=None, op=None):
+    """Replaces cls.name by wrap(raw method) (default: the raw method) with wrong argument
+    types raised as pagedmha.Error naming `op` (default: the method's name)."""
+    raw = getattr(cls, name)
+    func = raw if wrap is None else wrap(raw)
+    setattr(cls, name, _arguments.checked(op or name, raw, func, method=True))
+
+
 for _name in (
     "init_forward_metadata",
     "init_cuda_graph_state",
@@ -174,7 +185,9 @@ for _name in (
     "init_forward_metadata_replay_cuda_graph",
     "fill_block_decode_seq_lens",
 ):
-    setattr(MhaBackend, _name, _backend_method(getattr(MhaBackend, _name)))
+    _checked_method(MhaBackend, _name, _backend_method)
+for _name in ("register_layers", "set_stream"):
+    _checked_method(MhaBackend, _name)
 del _name
 
 
@@ -192,39 +205,60 @@ def _forward_method(method):
     return call
 
 
-MhaBackend.forward_extend = _forward_method(MhaBackend.forward_extend)
-MhaBackend.forward_decode = _forward_method(MhaBackend.forward_decode)
-_select_out_cache_loc = MhaBackend.select_out_cache_loc
+_checked_method(MhaBackend, "forward_extend", _forward_method)
+_checked_method(MhaBackend, "forward_decode", _forward_method)
 
 
-@_functools.wraps(_select_out_cache_loc)
-def _select(self, layer, forward_mode, out_cache_loc):
-    slots = _select_out_cache_loc(self, layer, forward_mode, _export(out_cache_loc))
-    if slots is None:  # the caller's own out_cache_loc
-        return out_cache_loc
-    torch = _sys.modules.get("torch")
-    if torch is not None and isinstance(out_cache_loc, torch.Tensor):
-        return torch.utils.dlpack.from_dlpack(slots)
-    return slots
+def _select_method(select):
+    @_functools.wraps(select)
+    def call(self, layer, forward_mode, out_cache_loc):
+        slots = select(self, layer, forward_mode, _export(out_cache_loc))
+        if slots is None:  # the caller's own out_cache_loc
+            return out_cache_loc
+        torch = _sys.modules.get("torch")
+        if torch is not None and isinstance(out_cache_loc, torch.Tensor):
+            return torch.utils.dlpack.from_dlpack(slots)
+        return slots
+
+    return call
 
 
-MhaBackend.select_out_cache_loc = _select
+_checked_method(MhaBackend, "select_out_cache_loc", _select_method)
 
 
-def _wrap_init(cls):
-    """Constructors of classes holding arrays export torch tensors too."""
-    init = cls.__init__
+def _config(config: dict, op: str) -> dict:
+    """Backend config with dtype names resolved (errors name `op`)."""
+    for key in ("kv_cache_dtype", "out_dtype"):
+        if key in config:
+            config[key] = _arguments.dtype(config[key], op, key)
+    return config
 
+
+def _exporting_init(init):
     @_functools.wraps(init)
     def call(self, *args, **kwargs):
         args, kwargs = _export_all(args, kwargs)
         init(self, *args, **kwargs)
 
-    cls.__init__ = call
+    return call
 
 
-_wrap_init(ForwardBatch)
-_wrap_init(LayerSpec)
+# Classes holding arrays: Python subclasses whose constructors export torch tensors (see
+# _export) and report wrong argument types as pagedmha.Error. nanobind constructs its own
+# types without looking at a replaced __init__, hence subclasses; every method taking the
+# extension's class takes them.
+
+
+class ForwardBatch(_pagedmha.ForwardBatch):
+    __doc__ = _pagedmha.ForwardBatch.__doc__
+
+
+class LayerSpec(_pagedmha.LayerSpec):
+    __doc__ = _pagedmha.LayerSpec.__doc__
+
+
+_checked_method(ForwardBatch, "__init__", _exporting_init, op="ForwardBatch")
+_checked_method(LayerSpec, "__init__", _exporting_init, op="LayerSpec")
 
 
 def create_backend(name: str = "pagedmha", **config) -> MhaBackend:
@@ -238,14 +272,20 @@ def create_backend(name: str = "pagedmha", **config) -> MhaBackend:
     device with stream None the backend starts on the device's current torch stream.
 
     Raises:
-        pagedmha.Error: an unknown name (the message lists the registered ones) or config.
+        pagedmha.Error: an unknown name (the message lists the registered ones), an invalid
+            config value or an argument of the wrong type.
     """
-    for key in ("kv_cache_dtype", "out_dtype"):
-        if isinstance(config.get(key), str):
-            config[key] = DType.__members__[config[key]]
+    return _create_backend(name, **config)
+
+
+def _create(name, **config):
+    config = _config(config, "create_backend")
     if config.get("stream") is None:
         config["stream"] = _device_stream(str(config.get("device", "cpu")))
     return _pagedmha.create_backend(name, **config)
+
+
+_create_backend = _arguments.checked("create_backend", _pagedmha.create_backend, _create)
 
 
 __all__ = [

@@ -5,6 +5,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 
@@ -29,10 +30,16 @@ Stream to_stream(std::optional<std::uintptr_t> handle) {
   return Stream{reinterpret_cast<void*>(handle.value_or(0))};
 }
 
-AttentionParams attention_params(const Views& view, float bmm1_scale, float bmm2_scale,
+// bmm1_scale None: head_dim^-0.5 with head_dim = q's last dim, the default of FlashAttention
+// and FlashInfer (an unscaled softmax is never what a caller who left it out meant).
+AttentionParams attention_params(const Views& view, const TensorView& q,
+                                 std::optional<float> bmm1_scale, float bmm2_scale,
                                  int window_left, float logits_soft_cap, const ArrayArg& sinks) {
+  const int64_t head_dim = q.ndim > 0 ? q.shape[q.ndim - 1] : 0;
   AttentionParams p;
-  p.bmm1_scale = bmm1_scale;
+  // Without a head dim the op rejects q itself; the scale is then never used.
+  p.bmm1_scale = bmm1_scale ? *bmm1_scale
+                            : (head_dim > 0 ? 1.0f / std::sqrt(static_cast<float>(head_dim)) : 1.0f);
   p.bmm2_scale = bmm2_scale;
   p.window_left = window_left;
   p.logits_soft_cap = logits_soft_cap;
@@ -74,7 +81,9 @@ Args:
         the device at kernel time on CUDA).
     page_size: tokens per page. q_len_per_req: queries per request (>= 1).
     out: same shape as q, bf16 or fp16 (the query dtype; bf16 for fp8 queries).
-    bmm1_scale: q_scale * k_scale * sm_scale, applied to q.k in fp32 (sm_scale usually D**-0.5).
+    bmm1_scale: q_scale * k_scale * sm_scale, applied to q.k in fp32. None (the default):
+        D**-0.5 with D = q.shape[-1] (FlashAttention's and FlashInfer's default); a value
+        given is used as is (an fp8 cache's k_scale and an fp8 q's q_scale go into it).
     bmm2_scale: v_scale, applied to the output.
     window_left: a query at position p sees keys [p - window_left, p]; -1: no window.
     logits_soft_cap: c > 0 applies c * tanh(s / c) to the logits; 0 disables.
@@ -204,23 +213,23 @@ void bind_ops(nb::module_& m) {
       "batch_decode",
       [](const ArrayArg& q, const ArrayArg& k_cache, const ArrayArg& v_cache,
          const ArrayArg& page_table, const ArrayArg& seq_lens, int page_size, int q_len_per_req,
-         const ArrayArg& out, float bmm1_scale, float bmm2_scale, int window_left,
+         const ArrayArg& out, std::optional<float> bmm1_scale, float bmm2_scale, int window_left,
          float logits_soft_cap, const ArrayArg& sinks, int num_splits, const ArrayArg& lse,
          const ArrayArg& workspace, std::optional<std::uintptr_t> stream) {
         const Views view{"batch_decode"};
-        AttentionParams params =
-            attention_params(view, bmm1_scale, bmm2_scale, window_left, logits_soft_cap, sinks);
-        params.num_splits = num_splits;
         const TensorView q_ = view("q", q), kc = view("k_cache", k_cache),
                          vc = view("v_cache", v_cache), pt = view("page_table", page_table),
                          sl = view("seq_lens", seq_lens), o = view.out("out", out),
                          l = view.out("lse", lse), ws = view.out("workspace", workspace);
+        AttentionParams params = attention_params(view, q_, bmm1_scale, bmm2_scale, window_left,
+                                                  logits_soft_cap, sinks);
+        params.num_splits = num_splits;
         nb::gil_scoped_release release;
         batch_decode(q_, kc, vc, pt, sl, page_size, q_len_per_req, o, params, l, ws,
                      to_stream(stream));
       },
       arg("q"), arg("k_cache"), arg("v_cache"), arg("page_table"), arg("seq_lens"),
-      arg("page_size"), arg("q_len_per_req"), arg("out"), nb::kw_only(), arg("bmm1_scale") = 1.0f,
+      arg("page_size"), arg("q_len_per_req"), arg("out"), nb::kw_only(), arg("bmm1_scale").none() = nb::none(),
       arg("bmm2_scale") = 1.0f, arg("window_left") = -1, arg("logits_soft_cap") = 0.0f,
       arg("sinks").none() = nb::none(), arg("num_splits") = 0, arg("lse").none() = nb::none(),
       arg("workspace").none() = nb::none(), arg("stream").none() = nb::none(), kBatchDecodeDoc);
@@ -229,25 +238,26 @@ void bind_ops(nb::module_& m) {
       "batch_prefill",
       [](const ArrayArg& q, const ArrayArg& k_cache, const ArrayArg& v_cache,
          const ArrayArg& page_table, const ArrayArg& seq_lens, const ArrayArg& cu_seqlens_q,
-         int page_size, int max_q_len, const ArrayArg& out, float bmm1_scale, float bmm2_scale,
-         int window_left, float logits_soft_cap, const ArrayArg& sinks, bool causal,
-         const ArrayArg& lse, const ArrayArg& workspace, std::optional<std::uintptr_t> stream) {
+         int page_size, int max_q_len, const ArrayArg& out, std::optional<float> bmm1_scale,
+         float bmm2_scale, int window_left, float logits_soft_cap, const ArrayArg& sinks,
+         bool causal, const ArrayArg& lse, const ArrayArg& workspace,
+         std::optional<std::uintptr_t> stream) {
         const Views view{"batch_prefill"};
-        AttentionParams params =
-            attention_params(view, bmm1_scale, bmm2_scale, window_left, logits_soft_cap, sinks);
-        params.causal = causal;
         const TensorView q_ = view("q", q), kc = view("k_cache", k_cache),
                          vc = view("v_cache", v_cache), pt = view("page_table", page_table),
                          sl = view("seq_lens", seq_lens), cu = view("cu_seqlens_q", cu_seqlens_q),
                          o = view.out("out", out), l = view.out("lse", lse),
                          ws = view.out("workspace", workspace);
+        AttentionParams params = attention_params(view, q_, bmm1_scale, bmm2_scale, window_left,
+                                                  logits_soft_cap, sinks);
+        params.causal = causal;
         nb::gil_scoped_release release;
         batch_prefill(q_, kc, vc, pt, sl, cu, page_size, max_q_len, o, params, l, ws,
                       to_stream(stream));
       },
       arg("q"), arg("k_cache"), arg("v_cache"), arg("page_table"), arg("seq_lens"),
       arg("cu_seqlens_q"), arg("page_size"), arg("max_q_len"), arg("out"), nb::kw_only(),
-      arg("bmm1_scale") = 1.0f, arg("bmm2_scale") = 1.0f, arg("window_left") = -1,
+      arg("bmm1_scale").none() = nb::none(), arg("bmm2_scale") = 1.0f, arg("window_left") = -1,
       arg("logits_soft_cap") = 0.0f, arg("sinks").none() = nb::none(), arg("causal") = true,
       arg("lse").none() = nb::none(), arg("workspace").none() = nb::none(),
       arg("stream").none() = nb::none(), kBatchPrefillDoc);

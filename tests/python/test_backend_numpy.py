@@ -31,13 +31,15 @@ def test_backend_registry():
         pm.create_backend("flashinfer", page_size=P, context_len=CONTEXT)
 
 
-def test_backend_extend_then_decode(rng):
+@pytest.mark.parametrize("scaling", [{"scaling": D ** -0.5}, {}], ids=["given", "default"])
+def test_backend_extend_then_decode(rng, scaling):
+    """LayerSpec's scaling left out (None) is D ** -0.5, the reference's scale."""
     req_to_page, k_cache, v_cache = _engine(rng)
     backend = pm.create_backend("trtllm", page_size=P, context_len=CONTEXT, kv_cache_dtype="fp16",
                                 out_dtype="fp16", max_bs=MAX_BS, num_q_heads=HQ,
                                 num_kv_heads=HKV, head_dim=D)
     layer = pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D,
-                         scaling=D ** -0.5, window_left=-1)
+                         window_left=-1, **scaling)
     req_pool_indices = np.array([2, 4, 1], np.int32)
     bs = 3
 

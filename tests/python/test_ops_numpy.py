@@ -290,7 +290,7 @@ def test_batch_prefill_queries_before_first_key(rng):
     out = np.full(q.shape, np.nan, np.float16)
     lse = np.full(q.shape[:2], np.nan, np.float32)
     pm.batch_prefill(q, fp16(pg.k), fp16(pg.v), pg.page_table, pg.seq_lens, cu, page_size, 5, out,
-                     lse=lse)
+                     bmm1_scale=1.0, lse=lse)
     ref, ref_lse = ref_attention(q, fp16(pg.k), fp16(pg.v), pg.page_table, pg.seq_lens, [(0, 5)],
                                  page_size)
     assert np.all(out[:2] == 0) and np.all(np.isneginf(lse[:2]))
@@ -425,6 +425,51 @@ def test_extend_write_slots(rng):
     want = [_slot(table, r, int(prefix[r]) + i, page_size)
             for r in range(3) for i in range(int(q_lens[r]))]
     np.testing.assert_array_equal(out, want)
+
+
+# ---------------------------------------------------------------------------------------
+# bmm1_scale=None (the default) is head_dim^-0.5, as in FlashAttention and FlashInfer
+
+
+def _softmax_attention(q, k, v, scale, visible):
+    """Dense softmax(scale * q.k) v in fp64 for one request: q [n, H, D], k / v [L, H, D],
+    visible [n, L] bool."""
+    s = scale * np.einsum("ihd,jhd->hij", q.astype(np.float64), k.astype(np.float64))
+    s = np.where(visible[None], s, -np.inf)
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    w /= w.sum(axis=-1, keepdims=True)
+    return np.einsum("hij,jhd->ihd", w, v.astype(np.float64))
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_default_bmm1_scale_is_rsqrt_head_dim(rng, d):
+    """Called without bmm1_scale, batch_decode and batch_prefill scale the logits by
+    d ** -0.5 (not 1): checked against a softmax computed here, on a one-page-per-token
+    cache so the keys are read straight from their slots."""
+    h, page_size, length, n = 2, 1, 9, 4
+    k = fp16(rng.standard_normal((length + 1, h, d)) * 2)  # slot 0: the reserved page
+    v = fp16(rng.standard_normal((length + 1, h, d)))
+    table = np.arange(1, length + 1, dtype=np.int32)[None]  # token j in page j + 1
+    seq_lens = np.array([length], np.int32)
+    q = fp16(rng.standard_normal((n, h, d)) * 2)
+    scaled = _softmax_attention(q, k[1:], v[1:], d ** -0.5,
+                                np.arange(length)[None] <= np.arange(length - n, length)[:, None])
+    unscaled = _softmax_attention(q, k[1:], v[1:], 1.0, np.ones((n, length), bool))
+
+    out = np.full(q[-1:].shape, np.nan, np.float16)
+    pm.batch_decode(q[-1:], k, v, table, seq_lens, page_size, 1, out)
+    close = dict(rtol=1e-3, atol=1e-3)  # fp16 rounding of outputs of magnitude < 4
+    np.testing.assert_allclose(out, scaled[-1:], **close)
+    assert not np.allclose(scaled[-1:], unscaled[-1:], atol=1e-2)  # the scale matters here
+
+    out = np.full(q.shape, np.nan, np.float16)
+    pm.batch_prefill(q, k, v, table, seq_lens, np.array([0, n], np.int32), page_size, n, out)
+    np.testing.assert_allclose(out, scaled, **close)
+
+    out = np.full(q.shape, np.nan, np.float16)  # an explicit value is used as given
+    pm.batch_prefill(q, k, v, table, seq_lens, np.array([0, n], np.int32), page_size, n, out,
+                     bmm1_scale=1.0, causal=False)
+    np.testing.assert_allclose(out, unscaled, **close)
 
 
 def test_decode_workspace_size_cpu():

@@ -1,0 +1,254 @@
+"""Wrong argument types as pagedmha.Error naming the call and the argument.
+
+nanobind answers a call whose arguments do not convert (None for a required array, a float
+page size, a str for an int, a missing argument) with a TypeError that dumps the whole
+signature. ``checked`` catches that TypeError and, from the extension function's own
+signature (``__nb_signature__``), finds the first argument at fault and raises
+:class:`pagedmha.Error` "<call>: <argument>: expected ..., got ...". Calls that succeed pay
+nothing; a TypeError it cannot explain propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import types
+import typing
+from typing import Callable, NamedTuple, Optional
+
+from . import _pagedmha
+
+
+class Param(NamedTuple):
+    name: str
+    annotation: str
+    has_default: bool
+    keyword_only: bool
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Splits a parameter list at commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(signature: str) -> tuple[Param, ...]:
+    """Params of a nanobind signature "def f(self, a: int, *, b: float = \\0) -> None"
+    (defaults appear as \\N placeholders, so they hold no commas); self is dropped."""
+    inner = signature[signature.index("(") + 1: signature.rindex(") ->")]
+    params, keyword_only = [], False
+    for part in _split_top_level(inner):
+        if part == "*":
+            keyword_only = True
+            continue
+        head, _, default = part.partition("=")
+        name, _, annotation = head.partition(":")
+        name = name.strip()
+        if name == "self":
+            continue
+        params.append(Param(name, annotation.strip(), bool(default.strip()), keyword_only))
+    return tuple(params)
+
+
+def signature_of(func) -> tuple[Param, ...]:
+    """Params of a nanobind function or method."""
+    return _parse(func.__nb_signature__[0][0])
+
+
+def _annotation_name(annotation) -> str:
+    """A Python annotation in the spelling of nanobind's signatures ("int", "X | None")."""
+    args = typing.get_args(annotation)
+    unions = (typing.Union, getattr(types, "UnionType", typing.Union))  # Optional[X], X | None
+    if typing.get_origin(annotation) in unions and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return _annotation_name(rest[0]) + " | None"
+    if annotation in (int, float, bool, str):
+        return annotation.__name__
+    if isinstance(annotation, type):
+        return f"{annotation.__module__}.{annotation.__qualname__}"
+    return "object"
+
+
+def python_signature(func) -> tuple[Param, ...]:
+    """Params of an annotated Python function (as signature_of for nanobind ones)."""
+    params = []
+    for p in inspect.signature(func).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        params.append(Param(p.name, _annotation_name(p.annotation), p.default is not p.empty,
+                            p.kind is p.KEYWORD_ONLY))
+    return tuple(params)
+
+
+# ---------------------------------------------------------------------------------------
+# What each annotation accepts (as nanobind converts) and how the error describes it.
+
+_ARRAY = "an array (NumPy, PyTorch, CuPy or any DLPack producer) or a pagedmha.TypedArray"
+
+
+def _is_int(v) -> bool:
+    return not isinstance(v, (float, str, bytes)) and hasattr(type(v), "__index__")
+
+
+def _is_float(v) -> bool:
+    return not isinstance(v, (str, bytes)) and (isinstance(v, (int, float)) or hasattr(type(v), "__float__"))
+
+
+def _is_bool(v) -> bool:
+    return isinstance(v, bool) or type(v).__name__ == "bool_"  # numpy.bool_
+
+
+def _class_check(name: str):
+    cls = getattr(_pagedmha, name, None)
+    if cls is None:
+        return None
+    if name == "DType":  # the Python layer also takes dtype names
+        return (lambda v: isinstance(v, cls) or (isinstance(v, str) and v in cls.__members__),
+                f"a pagedmha.DType or one of the names {', '.join(cls.__members__)}")
+    return (lambda v: isinstance(v, cls)), f"a pagedmha.{name}"
+
+
+def _check(annotation: str, name: str):
+    """(accepts(value) -> bool, description) for one annotation; None: not judged."""
+    optional = annotation.endswith(" | None")
+    base = annotation[: -len(" | None")] if optional else annotation
+    if base == "int" and name == "stream":
+        accepts, what = _is_int, "a cudaStream_t as an int"
+    elif base == "int":
+        accepts, what = _is_int, "an int"
+    elif base == "float":
+        accepts, what = _is_float, "a float"
+    elif base == "bool":
+        accepts, what = _is_bool, "a bool"
+    elif base == "str":
+        accepts, what = (lambda v: isinstance(v, str)), "a str"
+    elif base == "ArrayLike":
+        accepts, what = (lambda v: v is not None), _ARRAY
+    elif base == "torch.Tensor":
+        accepts = lambda v: isinstance(v, sys.modules["torch"].Tensor)  # noqa: E731
+        what = "a torch.Tensor"
+    elif base.startswith("collections.abc.Sequence[") and base.endswith("]"):
+        item = _check(base[len("collections.abc.Sequence["):-1], name)
+        if item is None:
+            return None
+        accepts = lambda v: isinstance(v, (list, tuple)) and all(item[0](x) for x in v)  # noqa: E731
+        what = "a list of " + item[1].removeprefix("a ").removeprefix("an ")
+    elif base in ("collections.abc.Mapping[str, ArrayLike]", "dict[str, ArrayLike]"):
+        accepts = lambda v: isinstance(v, dict) and all(  # noqa: E731
+            isinstance(k, str) and x is not None for k, x in v.items())
+        what = "a dict of str to arrays"
+    elif base.startswith("pagedmha._pagedmha."):
+        found = _class_check(base[len("pagedmha._pagedmha."):])
+        if found is None:
+            return None
+        accepts, what = found
+    else:  # object and anything unforeseen
+        return None
+    if optional:
+        return (lambda v: v is None or accepts(v)), what + " or None"
+    return accepts, what
+
+
+def _show(value) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+_INT32 = (-(2**31), 2**31 - 1)
+_UNSIGNED = ("stream", "workspace_bytes")  # uintptr_t / size_t parameters
+
+
+def diagnose(op: str, params: tuple[Param, ...], args: tuple, kwargs: dict) -> Optional[str]:
+    """The message for the first argument of `op` that does not fit `params`, or None."""
+    positional = [p for p in params if not p.keyword_only]
+    names = {p.name for p in params}
+    if len(args) > len(positional):
+        return (f"{op}: arguments: expected at most {len(positional)} positional arguments "
+                f"({', '.join(p.name for p in positional)}), got {len(args)}")
+    bound = {p.name: a for p, a in zip(positional, args)}
+    for key, value in kwargs.items():
+        if key not in names:
+            return f"{op}: {key}: unexpected keyword argument (expected one of {', '.join(p.name for p in params)})"
+        if key in bound:
+            return f"{op}: {key}: given twice (by position and by keyword)"
+        bound[key] = value
+    for p in params:
+        if p.name not in bound and not p.has_default:
+            return f"{op}: {p.name}: required argument missing"
+    for p in params:
+        if p.name not in bound:
+            continue
+        check = _check(p.annotation, p.name)
+        if check is not None and not check[0](bound[p.name]):
+            return f"{op}: {p.name}: expected {check[1]}, got {_show(bound[p.name])}"
+    # Right types: an int the C++ parameter cannot hold.
+    for p in params:
+        value = bound.get(p.name)
+        if p.annotation.startswith("int") and value is not None and _is_int(value):
+            value = int(value)
+            if p.name in _UNSIGNED and value < 0:
+                return f"{op}: {p.name}: expected a non-negative int, got {value}"
+            if p.name not in _UNSIGNED and not _INT32[0] <= value <= _INT32[1]:
+                return f"{op}: {p.name}: expected an int in [{_INT32[0]}, {_INT32[1]}], got {value}"
+    return None
+
+
+def checked(op: str, raw, func: Optional[Callable] = None, method: bool = False,
+            errors: tuple = (TypeError,), like: Optional[Callable] = None):
+    """`func` (default `raw`) with the `errors` that wrong arguments raise turned into
+    pagedmha.Error naming `op` and the argument, judged against `raw`: a nanobind
+    function, or the Params of one (see python_signature).
+    method: `func` is called as func(self, *args, **kwargs).
+    like: whose name and docstring the result takes (default `func`)."""
+    func = raw if func is None else func
+    params = raw if isinstance(raw, tuple) else signature_of(raw)
+
+    def explain(error: Exception, args, kwargs):
+        message = diagnose(op, params, args, kwargs)
+        if message is None:
+            raise error
+        raise _pagedmha.Error(message) from None
+
+    if method:
+        def call_method(self, *args, **kwargs):
+            try:
+                return func(self, *args, **kwargs)
+            except errors as error:
+                explain(error, args, kwargs)
+        return functools.wraps(like or func)(call_method)
+
+    def call(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except errors as error:
+            explain(error, args, kwargs)
+    return functools.wraps(like or func)(call)
+
+
+def dtype(value, op: str, name: str):
+    """A DType from a DType or its name; pagedmha.Error naming op and name otherwise."""
+    if isinstance(value, str):
+        try:
+            return _pagedmha.DType.__members__[value]
+        except KeyError:
+            raise _pagedmha.Error(
+                f"{op}: {name}: expected one of {', '.join(_pagedmha.DType.__members__)}, got {value!r}"
+            ) from None
+    return value
+
+
+__all__ = ["checked", "diagnose", "dtype", "python_signature", "signature_of"]
