@@ -127,6 +127,31 @@ void batch_prefill(const TensorView& q, const TensorView& k_cache, const TensorV
 /// the largest step serves every step.
 std::size_t prefill_workspace_size(Device device, int64_t batch, int64_t total_q);
 
+/// Merges K partial attention results of the same queries, each over its own disjoint
+/// set of keys (split-KV, decode context parallelism, cascade / shared-prefix attention),
+/// into the attention over the union of the key sets (docs/semantics.md, "Merging").
+///
+/// o: [K, T, Hq, D] bf16, fp16 or fp32; o[i] is part i's output (as batch_decode /
+///    batch_prefill write it, bmm2_scale included). One strided view: K buffers of one
+///    layout at a constant distance, or a stacked (all-gathered) tensor. Last dim contiguous.
+/// lse: fp32 [K, T, Hq], part i's lse (natural log, what the attention ops write);
+///    lse[i, t, h] = -inf marks an empty part, whose o is ignored (may hold anything).
+/// out: [T, Hq, D], o's dtype. out_lse: optional fp32 [T, Hq].
+/// sinks: optional fp32 [Hq], natural-log units, unscaled (as AttentionParams::sinks);
+///    counted once here: pass them when no part was computed with sinks, or compute
+///    exactly one part with sinks and pass none here.
+/// With M = max(max_i lse_i, sink), w_i = exp(lse_i - M) and Z = sum_i w_i + exp(sink - M):
+/// out = sum_i (w_i / Z) o[i] and out_lse = M + ln Z, in fp32, rounded once. M = -inf
+/// (no key and no sink) gives out = 0, out_lse = -inf; no NaN from empty parts.
+/// In place: out may be exactly o[i] (same address and strides) and out_lse exactly
+/// lse[i]; otherwise out and out_lse share no memory with o, lse, sinks or each other.
+/// K = 0 gives the empty result; T = 0 is a no-op. Head dims 64, 128, 256.
+/// Errors: shapes, dtypes, devices, overlaps; lse values NaN or +inf and sinks NaN or
+/// +inf (checked for CPU tensors).
+void merge_attention_states(const TensorView& o, const TensorView& lse, const TensorView& out,
+                            const TensorView& out_lse = {}, const TensorView& sinks = {},
+                            Stream stream = {});
+
 /// Gathers per-request page tables from the engine's request-to-page table:
 /// out[r, c] = req_to_page[req_pool_indices[r], c] for c < ceil(seq_lens[r] / page_size)
 /// and 0 (the dummy page) for the other c < cols, for rows r < bs; rows >= bs and

@@ -136,6 +136,7 @@ cumsum_lengths = _stream_defaulted(_pagedmha.cumsum_lengths)
 clamp_seq_lens = _stream_defaulted(_pagedmha.clamp_seq_lens)
 decode_write_slots = _stream_defaulted(_pagedmha.decode_write_slots)
 extend_write_slots = _stream_defaulted(_pagedmha.extend_write_slots)
+merge_attention_states = _stream_defaulted(_pagedmha.merge_attention_states)
 decode_workspace_size = _arguments.checked("decode_workspace_size", decode_workspace_size)
 prefill_workspace_size = _arguments.checked("prefill_workspace_size", prefill_workspace_size)
 visible_pairs = _arguments.checked("visible_pairs", visible_pairs)
@@ -311,6 +312,7 @@ __all__ = [
     "decode_write_slots",
     "extend_write_slots",
     "gather_page_table_with_padding",
+    "merge_attention_states",
     "set_debug_validation",
     "visible_pairs",
     "view_as",

@@ -43,6 +43,7 @@ __all__ = [
     "clamp_seq_lens",
     "decode_write_slots",
     "extend_write_slots",
+    "merge_attention_states",
 ]
 
 # What a wrong argument type looks like here: torch's dispatcher answers a schema mismatch
@@ -316,6 +317,24 @@ def extend_write_slots(page_table: torch.Tensor, prefix_lens: torch.Tensor,
                            out, stream=_stream(out))
 
 
+@torch.library.custom_op("pagedmha::merge_attention_states", mutates_args=("out", "out_lse"))
+def _merge_attention_states(o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
+                            out_lse: Optional[torch.Tensor],
+                            sinks: Optional[torch.Tensor] = None) -> None:
+    _pm.merge_attention_states(o, lse, out, out_lse=out_lse, sinks=sinks, stream=_stream(out))
+
+
+@_checked
+def merge_attention_states(o: torch.Tensor, lse: torch.Tensor, out: torch.Tensor,
+                           out_lse: Optional[torch.Tensor] = None,
+                           sinks: Optional[torch.Tensor] = None) -> None:
+    """Merges K partial results o [K, T, Hq, D], lse fp32 [K, T, Hq] over disjoint key sets
+    into out [T, Hq, D] (and out_lse [T, Hq]) (see pagedmha.merge_attention_states); calls
+    ``torch.ops.pagedmha.merge_attention_states``. out may be o[i] in eager mode; under
+    torch.compile pass an out that does not alias o (o is not a mutated argument)."""
+    _merge_attention_states(o, lse, out, out_lse, sinks)
+
+
 # Fake implementations: the ops only write into their (already shaped) outputs, so tracing
 # needs no output metadata; they check what a fake tensor can show - dtypes and shapes -
 # so a bad call fails at trace time instead of inside a compiled graph.
@@ -352,6 +371,19 @@ def _(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, page_size, max_q_
       workspace, bmm1_scale=None, bmm2_scale=1.0, window_left=-1, logits_soft_cap=0.0,
       sinks=None, causal=True):
     _fake_attention("batch_prefill", q, out, lse)
+
+
+@_merge_attention_states.register_fake
+def _(o, lse, out, out_lse, sinks=None):
+    op = "merge_attention_states"
+    _expect(o.dim() == 4, op, "o", "4 dims [K, T, Hq, D]", list(o.shape))
+    _expect(list(out.shape) == list(o.shape[1:]) and out.dtype == o.dtype, op, "out",
+            f"{o.dtype} {list(o.shape[1:])} (o's)", f"{out.dtype} {list(out.shape)}")
+    _expect(list(lse.shape) == list(o.shape[:3]) and lse.dtype == torch.float32, op, "lse",
+            f"fp32 {list(o.shape[:3])}", f"{lse.dtype} {list(lse.shape)}")
+    if out_lse is not None:
+        _expect(list(out_lse.shape) == list(o.shape[1:3]) and out_lse.dtype == torch.float32, op,
+                "out_lse", f"fp32 {list(o.shape[1:3])}", f"{out_lse.dtype} {list(out_lse.shape)}")
 
 
 @_OPS["gather_page_table_with_padding"].register_fake

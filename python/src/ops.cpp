@@ -125,6 +125,32 @@ Args:
 Raises:
     pagedmha.Error: naming the argument, the expectation and the value given.)";
 
+constexpr const char* kMergeDoc = R"(Merges K partial attention results over disjoint key sets into one.
+
+Part i is the attention of the same queries over its own key set (a split of the KV, a
+context-parallel rank's shard, a shared prefix). The result is the attention over the
+union: with M = max(max_i lse[i], sink), w_i = exp(lse[i] - M), Z = sum_i w_i + exp(sink - M),
+out = sum_i (w_i / Z) o[i] and out_lse = M + ln Z (fp32 math, out rounded once). Writes out
+(and out_lse when given); returns None.
+
+Args:
+    o: [K, T, Hq, D] bf16, fp16 or fp32, the parts' outputs (a stacked or all-gathered
+        tensor; any strides, last dim contiguous). D in {64, 128, 256}.
+    lse: fp32 [K, T, Hq], the parts' lse (natural log, as batch_decode / batch_prefill
+        write it). -inf marks an empty part; its o is ignored.
+    out: [T, Hq, D], o's dtype. May be o[i] itself (in place); otherwise disjoint from o.
+    out_lse: optional fp32 [T, Hq]; may be lse[i] itself.
+    sinks: optional fp32 [Hq] sink logits (natural-log units, unscaled), counted once here:
+        pass them when no part was computed with sinks, or compute exactly one part with
+        sinks and pass None.
+    stream: as in append_kv.
+
+No key and no sink gives out = 0, out_lse = -inf (never NaN); K = 0 gives that everywhere.
+
+Raises:
+    pagedmha.Error: shapes, dtypes, devices, overlapping outputs; NaN / +inf in lse or
+        sinks (CPU arrays).)";
+
 constexpr const char* kPrefillWorkspaceDoc = R"(Bytes of workspace batch_prefill needs.
 
 Args:
@@ -261,6 +287,19 @@ void bind_ops(nb::module_& m) {
       arg("logits_soft_cap") = 0.0f, arg("sinks").none() = nb::none(), arg("causal") = true,
       arg("lse").none() = nb::none(), arg("workspace").none() = nb::none(),
       arg("stream").none() = nb::none(), kBatchPrefillDoc);
+
+  m.def(
+      "merge_attention_states",
+      [](const ArrayArg& o, const ArrayArg& lse, const ArrayArg& out, const ArrayArg& out_lse,
+         const ArrayArg& sinks, std::optional<std::uintptr_t> stream) {
+        const Views view{"merge_attention_states"};
+        const TensorView o_ = view("o", o), l = view("lse", lse), out_ = view.out("out", out),
+                         ol = view.out("out_lse", out_lse), s = view("sinks", sinks);
+        nb::gil_scoped_release release;
+        merge_attention_states(o_, l, out_, ol, s, to_stream(stream));
+      },
+      arg("o"), arg("lse"), arg("out"), nb::kw_only(), arg("out_lse").none() = nb::none(),
+      arg("sinks").none() = nb::none(), arg("stream").none() = nb::none(), kMergeDoc);
 
   m.def(
       "gather_page_table_with_padding",

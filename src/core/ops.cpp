@@ -477,6 +477,86 @@ void check_batch_prefill(const char* op, const TensorView& q, const TensorView& 
 
 }  // namespace detail
 
+void merge_attention_states(const TensorView& o, const TensorView& lse, const TensorView& out,
+                            const TensorView& out_lse, const TensorView& sinks, Stream stream) {
+  const ArgCheck chk("merge_attention_states");
+  chk.ndim(o, "o", 4);
+  const Device dev = o.device;
+  chk.device_supported(dev);
+  same_device(chk, dev, {{&lse, "lse"}, {&out, "out"}, {&out_lse, "out_lse"}, {&sinks, "sinks"}});
+  chk.dtype_in(o, "o", {DType::bf16, DType::fp16, DType::fp32});
+  chk.last_dim_contiguous(o, "o");
+  chk.aligned16(o, "o");
+  const int parts = chk.int32_size(o, "o", 0), rows = chk.int32_size(o, "o", 1), hq = chk.int32_size(o, "o", 2);
+  chk.head_dim(o.size(3), "o");
+  const int d = static_cast<int>(o.size(3));
+  chk.shape(lse, "lse", {parts, rows, hq});
+  chk.dtype(lse, "lse", DType::fp32);
+  chk.last_dim_contiguous(lse, "lse");
+  if (sinks.defined()) {
+    chk.shape(sinks, "sinks", {hq});
+    chk.dtype(sinks, "sinks", DType::fp32);
+    chk.last_dim_contiguous(sinks, "sinks");
+  }
+  chk.shape(out, "out", {rows, hq, d});
+  chk.dtype(out, "out", o.dtype);
+  chk.last_dim_contiguous(out, "out");
+  chk.aligned16(out, "out");
+  chk.no_self_overlap(out, "out");
+  chk.in_place_or_disjoint(out, "out", o, "o");
+  chk.disjoint_from_input(out, "out", lse, "lse");
+  chk.disjoint_from_input(out, "out", sinks, "sinks");
+  if (out_lse.defined()) {
+    chk.shape(out_lse, "out_lse", {rows, hq});
+    chk.dtype(out_lse, "out_lse", DType::fp32);
+    chk.last_dim_contiguous(out_lse, "out_lse");
+    chk.no_self_overlap(out_lse, "out_lse");
+    chk.in_place_or_disjoint(out_lse, "out_lse", lse, "lse");
+    chk.disjoint(out_lse, "out_lse", out, "out");
+    chk.disjoint_from_input(out_lse, "out_lse", o, "o");
+    chk.disjoint_from_input(out_lse, "out_lse", sinks, "sinks");
+  }
+
+  detail::MergeProblem p;
+  p.o = o.data;
+  p.dtype = o.dtype;
+  p.o_part_stride = o.stride(0), p.o_row_stride = o.stride(1), p.o_head_stride = o.stride(2);
+  p.lse = lse.ptr<const float>();
+  p.lse_part_stride = lse.stride(0), p.lse_row_stride = lse.stride(1), p.lse_head_stride = lse.stride(2);
+  p.out = out.data;
+  p.out_row_stride = out.stride(0), p.out_head_stride = out.stride(1);
+  if (out_lse.defined()) {
+    p.out_lse = out_lse.ptr<float>();
+    p.out_lse_row_stride = out_lse.stride(0), p.out_lse_head_stride = out_lse.stride(1);
+  }
+  p.sinks = sinks.defined() ? sinks.ptr<const float>() : nullptr;
+  p.num_parts = parts, p.num_rows = rows, p.num_heads = hq, p.head_dim = d;
+  p.device = dev;
+  p.stream = stream.handle;
+  if (int64_t{rows} * hq == 0) return;
+
+  if (dev.is_cpu()) {
+    const auto bad = [](float x) { return std::isnan(x) || x == std::numeric_limits<float>::infinity(); };
+    for (int h = 0; h < hq && p.sinks; ++h) {
+      if (bad(p.sinks[h])) chk.fail("sinks", "finite values or -inf", str(p.sinks[h]) + " at index " + str(h));
+    }
+    for (int i = 0; i < parts; ++i)
+      for (int t = 0; t < rows; ++t)
+        for (int h = 0; h < hq; ++h) {
+          const float x = p.lse[i * p.lse_part_stride + t * p.lse_row_stride + h * p.lse_head_stride];
+          if (bad(x)) {
+            chk.fail("lse", "finite values or -inf (an empty part)",
+                     str(x) + " at [" + str(i) + ", " + str(t) + ", " + str(h) + "]");
+          }
+        }
+    cpu::merge_attention_states(p);
+    return;
+  }
+#if PAGEDMHA_WITH_CUDA
+  cuda::merge_attention_states(p);
+#endif
+}
+
 void gather_page_table_with_padding(const TensorView& req_to_page, const TensorView& req_pool_indices,
                                     const TensorView& seq_lens, const TensorView& out, int bs, int cols,
                                     int page_size, Stream stream) {

@@ -90,6 +90,24 @@ struct AppendKvProblem {
   void* stream = nullptr;
 };
 
+/// merge_attention_states: K parts (o [K, T, Hq, D], lse [K, T, Hq]) -> out [T, Hq, D]
+/// and optional out_lse [T, Hq]. out may be o[i] itself, out_lse lse[i] itself.
+struct MergeProblem {
+  const void* o = nullptr;
+  DType dtype = DType::bf16;  // o's and out's
+  int64_t o_part_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  const float* lse = nullptr;
+  int64_t lse_part_stride = 0, lse_row_stride = 0, lse_head_stride = 0;
+  void* out = nullptr;
+  int64_t out_row_stride = 0, out_head_stride = 0;
+  float* out_lse = nullptr;  // optional
+  int64_t out_lse_row_stride = 0, out_lse_head_stride = 0;
+  const float* sinks = nullptr;  // optional [Hq]
+  int num_parts = 0, num_rows = 0, num_heads = 0, head_dim = 0;
+  Device device{};
+  void* stream = nullptr;
+};
+
 /// A 2-d int32 matrix view.
 struct Int32Matrix {
   int32_t* data = nullptr;

@@ -159,8 +159,8 @@ bool reachable(int64_t delta, const int64_t* stride, const int64_t* size, const 
 
 }  // namespace
 
-void ArgCheck::disjoint(const TensorView& t, const char* arg, const TensorView& other, const char* other_arg) const {
-  if (t.numel() == 0 || other.numel() == 0) return;
+bool overlaps(const TensorView& t, const TensorView& other) {
+  if (t.numel() == 0 || other.numel() == 0) return false;
   const int64_t es = static_cast<int64_t>(dtype_size(t.dtype));
   const auto lo = reinterpret_cast<intptr_t>(t.data), olo = reinterpret_cast<intptr_t>(other.data);
   bool same_layout = t.dtype == other.dtype && t.ndim == other.ndim;
@@ -174,7 +174,9 @@ void ArgCheck::disjoint(const TensorView& t, const char* arg, const TensorView& 
     for (int d = 0; d < t.ndim; ++d) {
       if (t.shape[d] > 1) order[n++] = d;
     }
-    std::sort(order, order + n, [&](int a, int b) { return t.strides[a] > t.strides[b]; });
+    for (int i = 1; i < n; ++i) {  // insertion sort by decreasing stride: at most kMaxDims entries
+      for (int j = i; j > 0 && t.strides[order[j]] > t.strides[order[j - 1]]; --j) std::swap(order[j], order[j - 1]);
+    }
     for (int i = 0; i < n; ++i) stride[i] = t.strides[order[i]], size[i] = t.shape[order[i]];
     int64_t span = 0;
     for (int i = n - 1; i >= 0; --i) {
@@ -183,17 +185,63 @@ void ArgCheck::disjoint(const TensorView& t, const char* arg, const TensorView& 
     }
     overlap = reachable((olo - lo) / es, stride, size, below, n);
   } else {
-    // Byte ranges (strides are non-negative for the caches this guards).
-    auto extent = [](const TensorView& v) {
-      int64_t e = 0;
-      for (int d = 0; d < v.ndim; ++d) e += (v.strides[d] < 0 ? -v.strides[d] : v.strides[d]) * (v.shape[d] - 1);
-      return (e + 1) * static_cast<int64_t>(dtype_size(v.dtype));
+    // Byte ranges [first, last) of the elements each view reaches (negative strides too).
+    auto range = [](const TensorView& v, intptr_t base) {
+      int64_t below = 0, above = 0;
+      for (int d = 0; d < v.ndim; ++d) (v.strides[d] < 0 ? below : above) += v.strides[d] * (v.shape[d] - 1);
+      const int64_t vs = static_cast<int64_t>(dtype_size(v.dtype));
+      return std::pair<intptr_t, intptr_t>{base + below * vs, base + (above + 1) * vs};
     };
-    overlap = lo < olo + extent(other) && olo < lo + extent(t);
+    const auto a = range(t, lo), b = range(other, olo);
+    overlap = a.first < b.second && b.first < a.second;
   }
-  if (overlap) {
+  return overlap;
+}
+
+void ArgCheck::disjoint(const TensorView& t, const char* arg, const TensorView& other, const char* other_arg) const {
+  if (overlaps(t, other)) {
     fail(arg, std::string("memory disjoint from ") + other_arg + " (both are written)",
          std::string("a view sharing elements with ") + other_arg);
+  }
+}
+
+namespace {
+
+// Dim 0 entry i of t, as a view of one less dim.
+TensorView entry(const TensorView& t, int64_t i) {
+  TensorView v = t.slice(0, i, 1);
+  for (int d = 1; d < t.ndim; ++d) v.shape[d - 1] = t.shape[d], v.strides[d - 1] = t.strides[d];
+  v.ndim = t.ndim - 1;
+  return v;
+}
+
+// a and b address the same elements in the same order (strides of size-1 dims aside).
+bool same_elements(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
+  for (int d = 0; d < a.ndim; ++d) {
+    if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.strides[d] != b.strides[d])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void ArgCheck::in_place_or_disjoint(const TensorView& w, const char* arg, const TensorView& parts,
+                                    const char* parts_arg) const {
+  for (int64_t i = 0; i < parts.size(0); ++i) {
+    const TensorView part = entry(parts, i);
+    if (!same_elements(w, part) && overlaps(w, part)) {
+      fail(arg, std::string(parts_arg) + "[i] itself (in place) or memory disjoint from every " + parts_arg + "[i]",
+           std::string("a view sharing some elements with ") + parts_arg + "[" + std::to_string(i) + "]");
+    }
+  }
+}
+
+void ArgCheck::disjoint_from_input(const TensorView& w, const char* arg, const TensorView& in,
+                                   const char* in_arg) const {
+  if (in.defined() && overlaps(w, in)) {
+    fail(arg, std::string("memory disjoint from ") + in_arg + " (read by the op)",
+         std::string("a view sharing memory with ") + in_arg);
   }
 }
 

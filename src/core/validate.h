@@ -42,6 +42,12 @@ class ArgCheck {
   /// layout (K and V interleaved in one allocation) are compared element-exactly; views
   /// of different layouts must not share a byte.
   void disjoint(const TensorView& t, const char* arg, const TensorView& other, const char* other_arg) const;
+  /// A written view `w` that is either exactly one part parts[i] (same elements, same
+  /// order: an in-place op) or shares no element with any part of `parts` (dim 0).
+  void in_place_or_disjoint(const TensorView& w, const char* arg, const TensorView& parts,
+                            const char* parts_arg) const;
+  /// A written view `w` shares no element with the input `in` (skipped when absent).
+  void disjoint_from_input(const TensorView& w, const char* arg, const TensorView& in, const char* in_arg) const;
   /// t.size(dim) as an int; fails when it exceeds 2^31 - 1.
   int int32_size(const TensorView& t, const char* arg, int dim) const;
   /// int32, 1-d, contiguous, on `dev`, exactly `len` elements (len < 0: any length).
@@ -70,6 +76,10 @@ std::string str(T v) {
   return std::to_string(v);
 }
 std::string str(float v);
+
+/// Whether two views share an element: exactly for views of one layout whose strides
+/// nest (no_self_overlap), by byte ranges otherwise (conservative).
+bool overlaps(const TensorView& t, const TensorView& other);
 
 /// Resolves a paged K/V cache pair: [num_slots, Hkv, D] (num_slots % page_size == 0)
 /// or [num_pages, page_size, Hkv, D]; both of one dtype and shape, last dim contiguous,

@@ -49,8 +49,12 @@ inline void load_row(const void* src, DType dtype, int n, float* __restrict dst)
   }
 }
 
-/// dst[0..n) = round(src[0..n)) to bf16 or fp16 (round to nearest even).
+/// dst[0..n) = round(src[0..n)) to bf16 or fp16 (round to nearest even), or fp32 as is.
 inline void store_row(const float* src, int n, void* dst, DType dtype) {
+  if (dtype == DType::fp32) {
+    std::memcpy(dst, src, sizeof(float) * static_cast<std::size_t>(n));
+    return;
+  }
   auto* d = static_cast<uint16_t*>(dst);
   if (dtype == DType::bf16) {
     for (int i = 0; i < n; ++i) d[i] = float_to_bf16(src[i]);

@@ -10,5 +10,6 @@ void attention(const detail::AttentionProblem& p);  // decode and prefill
 void append_kv(const detail::AppendKvProblem& p);
 void gather_page_table(const detail::GatherPageTableProblem& p);
 void metadata(const detail::MetadataProblem& p);
+void merge_attention_states(const detail::MergeProblem& p);
 
 }  // namespace pagedmha::cpu

@@ -21,6 +21,8 @@ void append_kv(const detail::AppendKvProblem& p);
 // metadata/
 void gather_page_table(const detail::GatherPageTableProblem& p);
 void metadata(const detail::MetadataProblem& p);
+// merge/
+void merge_attention_states(const detail::MergeProblem& p);
 
 /// Debug validation: checks on the device that every page id the attention problem
 /// would read lies in [0, num_pages); synchronises; throws Error naming the first bad

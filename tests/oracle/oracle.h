@@ -152,9 +152,10 @@ struct AttentionSpec {
 };
 
 /// q: [n, Hq, D], k, v: [L, Hkv, D] (stored values, decoded). Writes o [n, Hq, D],
-/// lse [n, Hq] and the number of visible keys per (query, head) [n, Hq].
+/// lse [n, Hq] and the number of visible keys per (query, head) [n, Hq]. key_set: optional
+/// [L]; keys j with key_set[j] == 0 are left out, as if masked (one part of a split KV).
 inline void attention(const AttentionSpec& s, int n, int L, const double* q, const double* k, const double* v,
-                      double* o, double* lse, int* visible_count = nullptr) {
+                      double* o, double* lse, int* visible_count = nullptr, const char* key_set = nullptr) {
   const int Hq = s.num_q_heads, Hkv = s.num_kv_heads, D = s.head_dim;
   const int G = Hq / Hkv;
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -176,6 +177,7 @@ inline void attention(const AttentionSpec& s, int n, int L, const double* q, con
         bool vis = true;
         if (s.causal && j > p) vis = false;
         if (s.window_left >= 0 && j < p - s.window_left) vis = false;
+        if (key_set && !key_set[j]) vis = false;
         visible[j] = vis;
         logit[j] = sj;
         if (vis) {

@@ -355,3 +355,33 @@ def test_opcheck_decode():
     torch.library.opcheck(op, (q, pg.k, pg.v, pg.page_table, pg.seq_lens, page_size, 1, out),
                           dict(bmm1_scale=0.1, lse=lse, workspace=ws),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_merge_attention_states():
+    """pmt.merge_attention_states on CUDA against the merge formula in fp64: an empty part
+    holding NaN, sinks, in place into a part, and opcheck of the registered op."""
+    k, t, h, d = 3, 37, 8, 128
+    o = randn((k, t, h, d), 200)
+    lse = torch.rand((k, t, h), generator=gen(201), device=DEV) * 20 - 10
+    lse[1, :5] = -math.inf
+    o[1, :5] = math.nan  # an empty part is never read
+    sinks = torch.tensor([0.0, -math.inf, 1.0, 12.0] * 2, device=DEV)
+    m = torch.maximum(lse.double().amax(0), sinks.double())
+    w = torch.exp(lse.double() - m)
+    z = w.sum(0) + torch.exp(sinks.double() - m)
+    ref = (w[..., None] * torch.nan_to_num(o.double())).sum(0) / z[..., None]
+    ref_lse = m + torch.log(z)
+    out = torch.full((t, h, d), math.nan, dtype=torch.bfloat16, device=DEV)
+    out_lse = torch.full((t, h), math.nan, device=DEV)
+    pmt.merge_attention_states(o, lse, out, out_lse, sinks)
+    torch.cuda.synchronize()
+    assert_close(out, ref)
+    assert_lse(out_lse, ref_lse)
+    pmt.merge_attention_states(o, lse, o[2], lse[2], sinks)  # in place
+    torch.cuda.synchronize()
+    assert_close(o[2], ref)
+    assert_lse(lse[2], ref_lse)
+    clean = randn((k, t, h, d), 202)
+    op = torch.ops.pagedmha.merge_attention_states.default
+    torch.library.opcheck(op, (clean, lse, out, out_lse), dict(sinks=sinks),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))

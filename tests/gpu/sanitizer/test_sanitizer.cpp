@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "gpu/ops/harness.h"
+#include "oracle/merge_parts.h"
 
 namespace gpu_test {
 namespace {
@@ -100,6 +101,29 @@ TEST(Sanitizer, AppendGatherMetadata) {
   EXPECT_EQ(int_values(clamped), oracle::clamp_seq_lens({17, 1, 128}, 2));
   EXPECT_EQ(int_values(dslots), oracle::decode_write_slots(expect, 8, {17, 1, 128}, 16, 2));
   EXPECT_EQ(int_values(eslots), oracle::extend_write_slots(expect, 8, {0, 0, 0}, {0, 17, 18, 146}, 16));
+}
+
+// merge_attention_states out of place and in place (out = o[1], out_lse = lse[1]: the
+// block barrier orders every read of lse[1] before its overwrite), against the formula.
+TEST(Sanitizer, MergeInPlace) {
+  REQUIRE_GPU();
+  const std::vector<double> sinks{0.5, -std::numeric_limits<double>::infinity()};
+  HostTensor sink_t = make_tensor(DType::fp32, {2});
+  sink_t.typed<float>()[0] = 0.5f;
+  sink_t.typed<float>()[1] = -std::numeric_limits<float>::infinity();
+  for (bool in_place : {false, true}) {
+    const Parts parts = random_parts(33, 2, 128, 3, DType::bf16, 7400 + in_place);
+    std::vector<double> ref_o, ref_lse;
+    reference_merge(parts.o, parts.lse, &sinks, ref_o, ref_lse);
+    const HostTensor out = in_place ? part_of(parts.o, 1) : make_tensor(DType::bf16, {33, 2, 128});
+    const HostTensor out_lse = in_place ? part_of(parts.lse, 1) : make_tensor(DType::fp32, {33, 2});
+    DeviceMirror dev;
+    pagedmha::merge_attention_states(dev.view(parts.o), dev.view(parts.lse), dev.view(out), dev.view(out_lse),
+                                     dev.view(sink_t));
+    dev.download(out);
+    dev.download(out_lse);
+    EXPECT_TRUE(check_merge(out, &out_lse, ref_o, ref_lse)) << "in_place=" << in_place;
+  }
 }
 
 }  // namespace
