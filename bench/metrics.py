@@ -47,7 +47,7 @@ def _sum_range(lo: int, hi: int) -> int:
 
 
 def visible_pairs(q_len: int, kv_len: int, window_left: int = -1, causal: bool = True) -> int:
-    """Visible (query, key) pairs of one request (SEMANTICS.md section 1).
+    """Visible (query, key) pairs of one request (docs/semantics.md section 1).
 
     Query i in [0, q_len) sits at position p = kv_len - q_len + i. Causal: key j is visible
     iff j <= p and (window_left < 0 or j >= p - window_left). Non-causal: every key

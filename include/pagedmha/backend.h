@@ -1,4 +1,4 @@
-// MhaBackend: the attention backend a serving engine embeds (SEMANTICS.md sections 3-6).
+// MhaBackend: the attention backend a serving engine embeds (docs/semantics.md sections 3-6).
 // It owns no kernels: it turns the engine's per-step batch description into attention
 // metadata (KV lengths, cu_seqlens, page tables, write slots) with the ops of ops.h,
 // writes new K/V and calls batch_decode / batch_prefill. CPU and CUDA tensors alike.
@@ -200,7 +200,7 @@ class MhaBackend {
   /// the largest geometry. Errors: invalid head counts / head dims; workspace_bytes too small.
   void register_layers(const std::vector<LayerSpec>& layers);
 
-  /// Builds the metadata of one eager step (SEMANTICS.md section 3). extend / mixed /
+  /// Builds the metadata of one eager step (docs/semantics.md section 3). extend / mixed /
   /// draft_extend: prefill slot (and, for a drafter, the decode slot too); decode /
   /// target_verify: decode slot, plus the verify prefill slot when N > 1; block draft:
   /// decode slot with bs * N rows; idle: nothing. Issues device work on the stream only.
@@ -233,7 +233,7 @@ class MhaBackend {
   TensorView select_out_cache_loc(const LayerSpec& layer, ForwardMode mode,
                                   const TensorView& out_cache_loc) const;
 
-  // ---- CUDA graphs (SEMANTICS.md section 4) ----
+  // ---- CUDA graphs (docs/semantics.md section 4) ----
 
   /// Allocates the graph buffers for up to max_bs requests (<= config.max_bs).
   /// seq_lens_buf: the engine's int32 [>= max_bs] lengths buffer; the decode slot's

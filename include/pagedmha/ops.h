@@ -26,7 +26,7 @@
 
 namespace pagedmha {
 
-/// Scalars and optional inputs of one attention call (SEMANTICS.md section 1).
+/// Scalars and optional inputs of one attention call (docs/semantics.md section 1).
 ///
 /// For query position p (queries are the last n positions of the KV length L:
 /// p_i = L - n + i) and query head h (KV head h / (Hq / Hkv)), key j is visible iff

@@ -345,7 +345,7 @@ void bind_backend(nb::module_& m) {
            "Raises:\n    pagedmha.Error: invalid head counts / head dims; workspace_bytes too small.")
       .def("init_forward_metadata", &PyBackend::init_forward_metadata, arg("forward_batch"),
            nb::kw_only(), arg("stream").none() = nb::none(),
-           "Builds the metadata of one eager step (SEMANTICS.md section 3) on the device. The\n"
+           "Builds the metadata of one eager step (docs/semantics.md section 3) on the device. The\n"
            "decode slot reads forward_batch.seq_lens in place until the next step.\n\n"
            "Raises:\n    pagedmha.Error: dtypes, devices, bs > max_bs, missing host lengths, "
            "unknown group ids.")

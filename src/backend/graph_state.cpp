@@ -1,4 +1,4 @@
-// CUDA-graph state of MhaBackend (SEMANTICS.md section 4): persistent buffers sized at
+// CUDA-graph state of MhaBackend (docs/semantics.md section 4): persistent buffers sized at
 // init_cuda_graph_state, per-batch-size metadata recorded at capture, device-only
 // refresh before each replay. Nothing here allocates after init_cuda_graph_state.
 #include <algorithm>

@@ -1,5 +1,5 @@
 // MhaBackend: metadata slots, cache groups, speculative routing and CUDA-graph state
-// over the ops of ops.h (SEMANTICS.md sections 3-6). No kernels live here.
+// over the ops of ops.h (docs/semantics.md sections 3-6). No kernels live here.
 #include "pagedmha/backend.h"
 
 #include <algorithm>

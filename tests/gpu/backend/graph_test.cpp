@@ -1,4 +1,4 @@
-// CUDA-graph capture of MhaBackend decode, verify and block-draft steps (SEMANTICS.md
+// CUDA-graph capture of MhaBackend decode, verify and block-draft steps (docs/semantics.md
 // section 4): captured in cudaStreamCaptureModeGlobal for padded batch sizes
 // {1, 2, 8, 64, 256}, replayed >= 50 times with changing lengths and page tables; real
 // rows must be bitwise equal to eager runs (padded and unpadded), padded rows finite.
