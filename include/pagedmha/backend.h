@@ -178,6 +178,9 @@ struct AttentionMetadata {
 };
 
 /// The backend. Not thread-safe; one instance per model (and per drafter).
+/// Errors name the call the user made and the argument as passed, whichever inner op
+/// rejects it: "create_backend: config.head_dim: expected 64, 128 or 256, got 96",
+/// "MhaBackend.forward_decode: out_cache_loc: expected dtype int32, got int64".
 class MhaBackend {
  public:
   /// Allocates every persistent buffer (page tables [max_bs * rows, ceil(C / P)], clamp
@@ -304,7 +307,7 @@ class MhaBackend {
   TensorView run_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                            const LayerSpec& layer, const KvCacheView& kv,
                            const TensorView& out_cache_loc, const AttentionMetadata& md,
-                           const TensorView& out, bool save_kv_cache, const char* op);
+                           const TensorView& out, bool save_kv_cache, bool has_metadata);
 
   BackendConfig config_;
   int max_num_pages_ = 0;

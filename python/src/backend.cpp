@@ -171,7 +171,7 @@ class PyBackend {
   ArrayArg seq_lens_buf_;
 };
 
-BackendConfig make_config(int page_size, int context_len, DType kv_cache_dtype, DType out_dtype,
+BackendConfig make_config(const char* call, int page_size, int context_len, DType kv_cache_dtype, DType out_dtype,
                           int max_bs, nb::handle device, int spec_num_tokens, bool is_draft,
                           bool draft_block_decode, std::size_t workspace_bytes, int num_q_heads,
                           int num_kv_heads, int head_dim,
@@ -183,7 +183,7 @@ BackendConfig make_config(int page_size, int context_len, DType kv_cache_dtype, 
   c.kv_cache_dtype = kv_cache_dtype;
   c.out_dtype = out_dtype;
   c.max_bs = max_bs;
-  c.device = parse_device(nb::str(device).c_str(), "MhaBackend", "device");
+  c.device = parse_device(nb::str(device).c_str(), call, "device");
   c.spec_num_tokens = spec_num_tokens;
   c.is_draft = is_draft;
   c.draft_block_decode = draft_block_decode;
@@ -196,19 +196,28 @@ BackendConfig make_config(int page_size, int context_len, DType kv_cache_dtype, 
   return c;
 }
 
-// The binding signature of every config-taking entry point: leading arguments, then the
-// config fields of PAGEDMHA_CONFIG_ARGS; f(lead..., config) does the rest.
+// The binding signature of every config-taking entry point (`call`, the name the user
+// calls): leading arguments, then the config fields of PAGEDMHA_CONFIG_ARGS;
+// f(lead..., config) does the rest. Config errors name the keyword the user passed
+// ("create_backend: head_dim: ..."), not the C++ field ("config.head_dim").
 template <class... Lead, class F>
-auto with_config(F f) {
-  return [f](Lead... lead, int page_size, int context_len, DType kv_cache_dtype, DType out_dtype,
-             int max_bs, nb::handle device, int spec_num_tokens, bool is_draft,
-             bool draft_block_decode, std::size_t workspace_bytes, int num_q_heads,
-             int num_kv_heads, int head_dim, std::vector<std::string> state_cache_groups,
-             std::optional<std::uintptr_t> stream) {
-    return f(lead..., make_config(page_size, context_len, kv_cache_dtype, out_dtype, max_bs,
-                                  device, spec_num_tokens, is_draft, draft_block_decode,
-                                  workspace_bytes, num_q_heads, num_kv_heads, head_dim,
-                                  std::move(state_cache_groups), stream));
+auto with_config(const char* call, F f) {
+  return [call, f](Lead... lead, int page_size, int context_len, DType kv_cache_dtype, DType out_dtype,
+                   int max_bs, nb::handle device, int spec_num_tokens, bool is_draft,
+                   bool draft_block_decode, std::size_t workspace_bytes, int num_q_heads,
+                   int num_kv_heads, int head_dim, std::vector<std::string> state_cache_groups,
+                   std::optional<std::uintptr_t> stream) {
+    try {
+      return f(lead..., make_config(call, page_size, context_len, kv_cache_dtype, out_dtype, max_bs,
+                                    device, spec_num_tokens, is_draft, draft_block_decode,
+                                    workspace_bytes, num_q_heads, num_kv_heads, head_dim,
+                                    std::move(state_cache_groups), stream));
+    } catch (const Error& e) {
+      std::string m = e.what();
+      const std::string field = std::string(call) + ": config.";
+      if (m.compare(0, field.size(), field) == 0) m.erase(field.size() - 7, 7);
+      throw Error(m);
+    }
   };
 }
 
@@ -325,7 +334,7 @@ void bind_backend(nb::module_& m) {
                         "more per drafter). Not thread-safe. Create it with create_backend.")
       .def(
           "__init__",
-          with_config<PyBackend*>([](PyBackend* self, const BackendConfig& c) {
+          with_config<PyBackend*>("MhaBackend", [](PyBackend* self, const BackendConfig& c) {
             new (self) PyBackend(std::make_unique<MhaBackend>(c));
           }),
           nb::kw_only(), PAGEDMHA_CONFIG_ARGS,
@@ -393,7 +402,7 @@ void bind_backend(nb::module_& m) {
 
   m.def(
       "create_backend",
-      with_config<const std::string&>([](const std::string& name, const BackendConfig& c) {
+      with_config<const std::string&>("create_backend", [](const std::string& name, const BackendConfig& c) {
         return PyBackend(create_backend(name, c));
       }),
       arg("name"), nb::kw_only(), PAGEDMHA_CONFIG_ARGS,
