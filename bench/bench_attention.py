@@ -823,7 +823,8 @@ def main(argv=None) -> int:
     doc = {
         "gpu": gpu,
         "commit": git_commit(),
-        "command": " ".join(["python3"] + [sys.argv[0]] + (sys.argv[1:] if argv is None else argv)),
+        "command": M.repo_relative_command(["python3", sys.argv[0], *(sys.argv[1:] if argv is None else argv)],
+                                           REPO),
         "date": now.isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(),

@@ -92,6 +92,26 @@ def test_rates_and_slug():
         M.elem_bytes("int4")
 
 
+def test_report_paths_are_repository_relative():
+    repo = REPO.resolve()
+    far = repo.parent.parent / "pagedmha_nowhere" / "out"  # two levels above the repository
+    assert M.repo_relative(str(repo / "bench" / "results" / "x.json"), repo) == "bench/results/x.json"
+    assert M.repo_relative(str(far / "r.json"), repo) == "r.json"
+    assert M.repo_relative("", repo) == ""
+    if repo.parent != Path(repo.anchor):  # beside the repository: our CI's ../shared/traces
+        assert M.repo_relative(str(repo.parent / "shared" / "t.csv"), repo) == "../shared/t.csv"
+    assert (M.repo_relative_command(["python3", str(repo / "bench" / "bench_attention.py"), "--prefill",
+                                     "--out-dir", str(far), f"--json={far}/r.json"], repo)
+            == "python3 bench/bench_attention.py --prefill --out-dir out --json=r.json")
+
+
+def test_committed_reports_name_no_absolute_path():
+    for f in sorted((REPO / "bench" / "results").glob("*.json")):
+        doc = json.loads(f.read_text())
+        words = str(doc.get("command") or "").split() + [str((doc.get("options") or {}).get("trace") or "")]
+        assert not [w for w in words if w.split("=")[-1].startswith("/")], f.name
+
+
 # --- Records and targets ----------------------------------------------------------------
 
 def rec(impl, op="decode", model="llama3-8b", batch=64, ctx=4096, q_len=1, page=16,

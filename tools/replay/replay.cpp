@@ -24,6 +24,7 @@
 #include "replay/executor.h"
 #include "replay/token_data.h"
 #include "replay/trace.h"
+#include "report_paths.h"
 
 namespace pagedmha::tools {
 namespace {
@@ -455,7 +456,9 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
   j["gpu"] = c.gpu.empty() ? json(nullptr) : json(c.gpu);
   j["executor"] = r.executor;
   j["truncated"] = r.truncated;  // stopped by --time-limit / --max-steps: the summary covers the steps run
-  j["options"] = {{"trace", o.trace.empty() ? "built-in" : o.trace}, {"format", o.format}, {"requests", o.requests},
+  // Repository-relative, as in the command: never a path of the machine that ran.
+  const std::string trace = o.trace.empty() ? "built-in" : repo_relative(o.trace, PAGEDMHA_SOURCE_DIR);
+  j["options"] = {{"trace", trace}, {"format", o.format}, {"requests", o.requests},
                   {"model", o.model}, {"kv_dtype", o.kv_dtype}, {"page_size", o.page_size},
                   {"pages_per_group", r.pages_per_group}, {"token_budget", o.token_budget},
                   {"max_running", o.max_running}, {"spec_tokens", o.spec_tokens}, {"accept_rate", o.accept_rate},

@@ -22,15 +22,18 @@
 #include "bench/bench.h"
 #include "cli.h"
 #include "pagedmha/error.h"
+#include "replay/plot.h"
 #include "replay/replay.h"
+#include "report_paths.h"
 
 namespace pt = pagedmha::tools;
 namespace fs = std::filesystem;
 
 namespace {
 
-int cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "pagedmha");
+// Runs the CLI; `program`: put "pagedmha" in front (else args[0] is the program name).
+int cli(std::vector<std::string> args, bool program = true) {
+  if (program) args.insert(args.begin(), "pagedmha");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   return pt::run_cli(static_cast<int>(argv.size()), argv.data());
@@ -296,8 +299,46 @@ TEST(ReplayCli, ReportRecordsCommandAndCommit) {
   EXPECT_EQ(j["commit"], "feedbee");
   EXPECT_EQ(j["command"], "pagedmha replay --device cpu --model custom --layers 1 --q-heads 1 --kv-heads 1 "
                           "--head-dim 64 --requests 2 --check-every 0 --max-steps 1 --no-progress --quiet --json " +
-                              json.string());
+                              pt::repo_relative(json.string(), PAGEDMHA_SOURCE_DIR));
+  // Never the machine's absolute path (a temporary folder: "cmd.json").
+  EXPECT_EQ(j["command"].get<std::string>().find(json.string()), std::string::npos);
   EXPECT_FALSE(pt::build_commit().empty());
+}
+
+// Reports record paths relative to the repository, never the machine's absolute paths.
+TEST(ReportPaths, RepositoryRelative) {
+  const std::string src = PAGEDMHA_SOURCE_DIR;
+  const fs::path parent = fs::path(src).parent_path();
+  const std::string far = (parent.parent_path() / "pagedmha_nowhere" / "out").string();  // two levels up
+  EXPECT_EQ(pt::repo_relative(src + "/tests/fuzz/corpus/azure/small.csv", src), "tests/fuzz/corpus/azure/small.csv");
+  EXPECT_EQ(pt::repo_relative(src + "/build/cpu/../../bench/results", src), "bench/results");
+  if (parent != parent.root_path()) {  // a folder beside the repository (our CI's ../shared/traces)
+    EXPECT_EQ(pt::repo_relative((parent / "shared/traces/conv.jsonl").string(), src), "../shared/traces/conv.jsonl");
+  }
+  EXPECT_EQ(pt::repo_relative(far + "/r.json", src), "r.json");
+  EXPECT_EQ(pt::repo_relative("", src), "");
+  EXPECT_EQ(pt::repo_relative_word("--json=" + far + "/r.json", src), "--json=r.json");
+  EXPECT_EQ(pt::repo_relative_word(src + "/build/cpu/tools/pagedmha", src), "build/cpu/tools/pagedmha");
+  EXPECT_EQ(pt::repo_relative_word("cuda", src), "cuda");
+  EXPECT_EQ(pt::repo_relative_word("--device=cpu", src), "--device=cpu");
+}
+
+TEST(ReplayCli, ReportRecordsRepositoryRelativePaths) {
+  const std::string src = PAGEDMHA_SOURCE_DIR;
+  const fs::path json = scratch("paths.json");
+  const std::string trace = src + "/tests/fuzz/corpus/azure/small.csv";
+  ASSERT_EQ(cli({src + "/build/cpu/tools/pagedmha", "replay", "--device", "cpu", "--trace", trace, "--model", "custom",
+                 "--layers", "1", "--q-heads", "1", "--kv-heads", "1", "--head-dim", "64", "--check-every", "0",
+                 "--max-steps", "1", "--no-progress", "--quiet", "--json=" + json.string()}, /*program=*/false),
+            0);
+  std::ifstream f(json);
+  ASSERT_TRUE(f);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["options"]["trace"], "tests/fuzz/corpus/azure/small.csv");
+  EXPECT_EQ(j["command"], "build/cpu/tools/pagedmha replay --device cpu --trace tests/fuzz/corpus/azure/small.csv "
+                          "--model custom --layers 1 --q-heads 1 --kv-heads 1 --head-dim 64 --check-every 0 "
+                          "--max-steps 1 --no-progress --quiet --json=" +
+                              pt::repo_relative(json.string(), src));  // outside: "paths.json"
 }
 
 // Prompt tokens served from the prefix cache count as done: a complete run ends at 100%.
