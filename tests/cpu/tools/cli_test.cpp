@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -242,6 +243,62 @@ TEST(BenchCli, MissingOutDirIsCreated) {
   EXPECT_EQ(pt::bench_main(o), 0);
   EXPECT_TRUE(fs::is_directory(dir));
   EXPECT_FALSE(fs::is_empty(dir));
+}
+
+// The table on stdout starts with a header naming every column of the rows below it.
+TEST(BenchCli, PrintsColumnHeaders) {
+  pt::BenchOptions o;
+  o.device = "cpu", o.ops = "decode", o.models = "llama3-8b";
+  o.iters = 1, o.repeats = 1, o.scale = 256;
+  o.out_dir = scratch("headers").string();
+  testing::internal::CaptureStdout();
+  const int rc = pt::bench_main(o);
+  const std::string out = testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, 0);
+  std::istringstream lines(out);
+  std::string header, row;
+  std::getline(lines, header);
+  std::getline(lines, row);
+  auto words = [](const std::string& s) {
+    std::istringstream in(s);
+    std::vector<std::string> w;
+    for (std::string x; in >> x;) w.push_back(x);
+    return w;
+  };
+  EXPECT_EQ(words(header), (std::vector<std::string>{"op", "model", "batch", "ctx", "q_len", "page", "kv", "time_us", "rate"}))
+      << out;
+  // The first shape: decode of llama3-8b, batch 1 / 4 -> 1, ctx 32768 / 256, one query, page 16, bf16.
+  const std::vector<std::string> w = words(row);
+  ASSERT_EQ(w.size(), 10u) << row;  // the rate has its unit
+  EXPECT_EQ(std::vector<std::string>(w.begin(), w.begin() + 7),
+            (std::vector<std::string>{"decode", "llama3-8b", "1", "128", "1", "16", "bf16"}))
+      << row;
+  EXPECT_EQ(w[9], "TB/s") << row;
+  // Each header word ends where its column ends (right-aligned numbers) or starts (left-aligned names).
+  EXPECT_EQ(header.find("batch") + 5, row.find(" 1 ") + 2) << header << "\n" << row;
+}
+
+// Without --out-dir the JSON goes under the build folder (the nearest ancestor of the
+// program with a CMakeCache.txt), never into the source tree.
+TEST(BenchCli, DefaultOutDirIsUnderTheBuildFolder) {
+  pt::BenchOptions o;
+  o.device = "cpu", o.ops = "prefill", o.models = "gemma";
+  o.iters = 1, o.repeats = 1, o.scale = 256;
+  testing::internal::CaptureStdout();
+  const int rc = pt::bench_main(o);
+  const std::string out = testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, 0);
+  const std::size_t at = out.rfind("wrote ");
+  ASSERT_NE(at, std::string::npos) << out;
+  fs::path file = out.substr(at + 6);
+  while (!file.empty() && file.string().back() == '\n') file = file.string().substr(0, file.string().size() - 1);
+  ASSERT_TRUE(fs::is_regular_file(file)) << file;
+  const fs::path dir = fs::canonical(file.parent_path());
+  EXPECT_EQ(dir.filename(), "results");
+  EXPECT_EQ(dir.parent_path().filename(), "bench");
+  EXPECT_TRUE(fs::exists(dir.parent_path().parent_path() / "CMakeCache.txt")) << dir;
+  EXPECT_NE(dir, fs::weakly_canonical(fs::path(PAGEDMHA_SOURCE_DIR) / "bench" / "results"));
+  fs::remove(file);
 }
 
 // File names go to Python as argv, never through a shell.
