@@ -448,15 +448,19 @@ def test_replay_shapes_plan_and_a_file_without_target_shapes():
 
 # --- scripts/plot_replay.py ---------------------------------------------------------------
 
-def _report(steps, dry_run):
+def _report(steps, dry_run, live=False):
     cols = {k: [] for k in ("step", "rows", "extend_rows", "decode_rows", "tokens", "kv_tokens", "attention_us",
                             "floor_us", "bytes", "flops", "running", "waiting")}
     cols["pages_in_use"] = [[]]
+    if live:  # reports since the live / prefix-cache split; older ones lack the column
+        cols["live_pages"] = [[]]
     for i in range(steps):
         for k in cols:
-            if k != "pages_in_use":
+            if k not in ("pages_in_use", "live_pages"):
                 cols[k].append(0 if dry_run and k == "attention_us" else i + 1)
         cols["pages_in_use"][0].append(10 + i)
+        if live:
+            cols["live_pages"][0].append(5 + i)
     cols["stride"] = 1
     null = None if dry_run or steps == 0 else 1.0
     return {"tool": "pagedmha replay", "device": "cpu", "truncated": steps == 0,
@@ -468,12 +472,13 @@ def _report(steps, dry_run):
             "steps": cols}
 
 
-@pytest.mark.parametrize("steps,dry_run", [(0, False), (0, True), (5, True), (5, False)])
-def test_plot_replay_draws_dry_run_and_zero_step_reports(tmp_path, steps, dry_run):
+@pytest.mark.parametrize("steps,dry_run,live", [(0, False, False), (0, True, False), (5, True, False),
+                                               (5, False, False), (5, False, True)])
+def test_plot_replay_draws_dry_run_and_zero_step_reports(tmp_path, steps, dry_run, live):
     pytest.importorskip("matplotlib")
     import subprocess
     rep = tmp_path / "r.json"
-    rep.write_text(json.dumps(_report(steps, dry_run)))
+    rep.write_text(json.dumps(_report(steps, dry_run, live)))
     png = tmp_path / "r.png"
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_replay.py"), "-o", str(png), str(rep)],
                        capture_output=True, text=True)

@@ -577,6 +577,9 @@ TEST(PlotCli, BrokenReportsAreOneLineErrorsNamingTheField) {
   j["steps"]["pages_in_use"][0].erase(0);
   cases.push_back({j, "steps.pages_in_use[0] an array of 2, got an array of 1"});
   j = good;
+  j["steps"]["live_pages"][0].erase(0);
+  cases.push_back({j, "steps.live_pages[0] an array of 2, got an array of 1"});
+  j = good;
   j["summary"]["prefix_hit_rate"] = "high";
   cases.push_back({j, "summary.prefix_hit_rate a number, got a string"});
   cases.push_back({nlohmann::json::array(), "its fields in an object, got an array of 0"});
@@ -589,6 +592,10 @@ TEST(PlotCli, BrokenReportsAreOneLineErrorsNamingTheField) {
     EXPECT_EQ(lines(err), 1) << err;
     EXPECT_EQ(err.find("Traceback"), std::string::npos) << err;
   }
+  // Reports written before live_pages existed are still plotted.
+  j = good;
+  j["steps"].erase("live_pages");
+  EXPECT_NO_THROW(pt::check_replay_report(j, "old.json"));
   // A file cut short is not JSON: one line, naming where the parse failed.
   const std::string text = good.dump();
   const fs::path cut = scratch("cut.json");
