@@ -95,7 +95,7 @@ class PyBackend {
 
   void init_forward_metadata(const PyForwardBatch& batch, std::optional<std::uintptr_t> stream) {
     set_stream(stream);
-    const ForwardBatch b = batch.view("init_forward_metadata");
+    const ForwardBatch b = batch.view("MhaBackend.init_forward_metadata");
     impl_->init_forward_metadata(b);
     step_batch_ = batch;  // the decode slot may alias batch.seq_lens until the next step
   }
@@ -106,7 +106,7 @@ class PyBackend {
                const ArrayArg& k_cache, const ArrayArg& v_cache, const ArrayArg& out_cache_loc,
                int bs, const ArrayArg& out_arg, bool save_kv_cache,
                std::optional<std::uintptr_t> stream) {
-    const char* op = Extend ? "forward_extend" : "forward_decode";
+    const char* op = Extend ? "MhaBackend.forward_extend" : "MhaBackend.forward_decode";
     set_stream(stream);
     const TensorView q_ = to_view(q, op, "q"), k_ = to_view(k, op, "k"), v_ = to_view(v, op, "v"),
                      loc = to_view(out_cache_loc, op, "out_cache_loc"),
@@ -125,14 +125,14 @@ class PyBackend {
   nb::object select_out_cache_loc(nb::handle self, const PyLayerSpec& layer, ForwardMode mode,
                                   const ArrayArg& loc) {
     const TensorView t = impl_->select_out_cache_loc(
-        layer.view("select_out_cache_loc"), mode,
-        to_view(loc, "select_out_cache_loc", "out_cache_loc"));
+        layer.view("MhaBackend.select_out_cache_loc"), mode,
+        to_view(loc, "MhaBackend.select_out_cache_loc", "out_cache_loc"));
     return export_view(t, loc, self);
   }
 
   void register_layers(const std::vector<PyLayerSpec>& layers) {
     std::vector<LayerSpec> specs;
-    for (const PyLayerSpec& l : layers) specs.push_back(l.view("register_layers"));
+    for (const PyLayerSpec& l : layers) specs.push_back(l.view("MhaBackend.register_layers"));
     impl_->register_layers(specs);
   }
 
@@ -140,8 +140,9 @@ class PyBackend {
                              const std::vector<std::string>& cache_group_ids,
                              std::optional<std::uintptr_t> stream) {
     set_stream(stream);
-    impl_->init_cuda_graph_state(max_bs, to_view(seq_lens_buf, "init_cuda_graph_state", "seq_lens_buf"),
-                                 cache_group_ids);
+    impl_->init_cuda_graph_state(
+        max_bs, to_view(seq_lens_buf, "MhaBackend.init_cuda_graph_state", "seq_lens_buf"),
+        cache_group_ids);
     seq_lens_buf_ = seq_lens_buf;  // aliased by every captured decode slot
   }
 
@@ -154,7 +155,7 @@ class PyBackend {
   void replay(const PyForwardBatch& batch, std::optional<std::uintptr_t> stream) {
     set_stream(stream);
     impl_->init_forward_metadata_replay_cuda_graph(
-        batch.view("init_forward_metadata_replay_cuda_graph"));
+        batch.view("MhaBackend.init_forward_metadata_replay_cuda_graph"));
     step_batch_ = batch;
   }
 
@@ -162,7 +163,8 @@ class PyBackend {
                                   std::optional<std::uintptr_t> stream) {
     set_stream(stream);
     impl_->fill_block_decode_seq_lens(bs,
-                                      to_view(block_ends, "fill_block_decode_seq_lens", "block_ends"));
+                                      to_view(block_ends, "MhaBackend.fill_block_decode_seq_lens",
+                                              "block_ends"));
   }
 
  private:

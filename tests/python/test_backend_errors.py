@@ -69,3 +69,11 @@ def test_init_forward_metadata_names_the_batch_field():
     m = str(info.value)
     assert m.startswith("MhaBackend.init_forward_metadata: batch.req_pool_indices: "), m
     assert "gather_page_table_with_padding" not in m, m
+
+
+def test_binding_argument_errors_name_the_method():
+    backend = pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, max_bs=2)
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=4, num_kv_heads=2, head_dim=64, scaling=1.0)
+    cache = np.zeros((64, 2, 64), np.float16)
+    with pytest.raises(pm.Error, match=r"^MhaBackend\.forward_decode: q: expected an array"):
+        backend.forward_decode([[1.0]], None, None, layer, cache, cache, None, 1, np.zeros((1, 256), np.float16))
