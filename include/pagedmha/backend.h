@@ -296,7 +296,8 @@ class MhaBackend {
   TensorView iota(int64_t n) const;        // 0, 1, ..., n - 1
   TensorView iota_step(int64_t n) const;   // 0, N, 2N, ... (n entries)
   void gather_block_rows(const ForwardBatch& batch, const TensorView& out) const;
-  void clamp(const TensorView& in, int lo, int hi, int repeat, const TensorView& out) const;
+  // clamp_seq_lens of `in`, the user's argument `arg` (named in its errors).
+  void clamp(const TensorView& in, const char* arg, int lo, int hi, int repeat, const TensorView& out) const;
   void gather(const ForwardBatch& batch, const TensorView& seq_lens, const TensorView& out) const;
   const AttentionMetadata* select_slot(ForwardMode mode) const;
   TensorView select_loc(const LayerSpec& layer, const AttentionMetadata* md,

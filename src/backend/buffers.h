@@ -61,7 +61,8 @@ void with_user_args(const char* op, std::initializer_list<std::pair<const char*,
   try {
     f();
   } catch (const Error& e) {
-    const std::string m = e.what(), head = std::string(op) + ": ";
+    const std::string m = e.what(), head = std::string(op) + ": ", call = std::string(CallScope::name()) + ": ";
+    if (m.compare(0, call.size(), call) == 0) throw;  // already names the user's call
     if (m.compare(0, head.size(), head) == 0) {
       const std::size_t end = m.find(": ", head.size());
       const std::string param = m.substr(head.size(), end == std::string::npos ? 0 : end - head.size());

@@ -95,7 +95,8 @@ void MhaBackend::init_forward_metadata_capture_cuda_graph(int bs, ForwardMode mo
     const int64_t rows = int64_t{bs} * N;
     AttentionMetadata& md = graph_.decode[bs];
     md.cache_seqlens = vec(graph_.block_seqlens, 0, rows);
-    clamp(seq, N, N, N, md.cache_seqlens);  // a safe seed (N) until fill_block_decode_seq_lens runs
+    // A safe seed (N) until fill_block_decode_seq_lens runs.
+    clamp(seq, "seq_lens_buf", N, N, N, md.cache_seqlens);
     md.cu_seqlens_q = iota(rows + 1);
     md.cu_seqlens_k = {};
     md.page_table = mat(graph_.page_table, rows, cols);
@@ -113,7 +114,7 @@ void MhaBackend::init_forward_metadata_capture_cuda_graph(int bs, ForwardMode mo
       AttentionMetadata& md = graph_.prefill[bs];
       describe(md, true);
       md.cache_seqlens = vec(graph_.spec_seqlens, 0, bs);
-      clamp(seq, N, C, 1, md.cache_seqlens);
+      clamp(seq, "seq_lens_buf", N, C, 1, md.cache_seqlens);
     }
   }
   graph_.captured_groups[bs] = ids;
@@ -208,7 +209,7 @@ void MhaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& b) 
       });
     }
   }
-  if (pmd) clamp(seq, N, config_.context_len, 1, pmd->cache_seqlens);
+  if (pmd) clamp(seq, "batch.seq_lens", N, config_.context_len, 1, pmd->cache_seqlens);
   decode_slot_ = dmd;
   prefill_slot_ = pmd;
 } catch (const Error& e) {
@@ -230,9 +231,8 @@ void MhaBackend::fill_block_decode_seq_lens(int bs, const TensorView& block_ends
                                     block_ends.device.str()
                               : "undefined");
   }
-  with_user_args("clamp_seq_lens", {{"seq_lens", "block_ends"}}, [&] {
-    clamp(block_ends.slice(0, 0, bs), N, config_.context_len, N, decode_slot_->cache_seqlens.slice(0, 0, int64_t{bs} * N));
-  });
+  clamp(block_ends.slice(0, 0, bs), "block_ends", N, config_.context_len, N,
+        decode_slot_->cache_seqlens.slice(0, 0, int64_t{bs} * N));
 } catch (const Error& e) {
   rethrow_in_call(e, "MhaBackend.fill_block_decode_seq_lens");
 }

@@ -206,8 +206,8 @@ void MhaBackend::register_layers(const std::vector<LayerSpec>& layers) try {
 TensorView MhaBackend::iota(int64_t n) const { return vec(iota_buf_, 0, n); }
 TensorView MhaBackend::iota_step(int64_t n) const { return vec(iota_step_buf_, 0, n); }
 
-void MhaBackend::clamp(const TensorView& in, int lo, int hi, int repeat, const TensorView& out) const {
-  clamp_seq_lens(in, lo, hi, repeat, out, config_.stream);
+void MhaBackend::clamp(const TensorView& in, const char* arg, int lo, int hi, int repeat, const TensorView& out) const {
+  with_user_args("clamp_seq_lens", {{"seq_lens", arg}}, [&] { clamp_seq_lens(in, lo, hi, repeat, out, config_.stream); });
 }
 
 std::vector<CacheGroupTable> MhaBackend::shed_state_groups(const std::vector<CacheGroupTable>& tables) const {
@@ -480,7 +480,7 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
     AttentionMetadata& md = eager_decode_;
     gather_block_rows(b, mat(page_table_buf_, rows, max_num_pages_));
     md.cache_seqlens = vec(block_seqlens_buf_, 0, rows);
-    clamp(seq, N, config_.context_len, N, md.cache_seqlens);
+    clamp(seq, "batch.seq_lens", N, config_.context_len, N, md.cache_seqlens);
     md.cu_seqlens_q = iota(rows + 1);
     md.cu_seqlens_k = {};
     md.page_table = mat(page_table_buf_, rows, max_num_pages_);
@@ -498,7 +498,7 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
     // buffer: padded rows (seq_len 1) would otherwise leave early queries keyless.
     AttentionMetadata& md = eager_prefill_;
     md.cache_seqlens = vec(spec_seqlens_buf_, 0, bs);
-    clamp(seq, N, config_.context_len, 1, md.cache_seqlens);
+    clamp(seq, "batch.seq_lens", N, config_.context_len, 1, md.cache_seqlens);
     md.cu_seqlens_q = iota_step(bs + 1);
     md.cu_seqlens_k = {};
     md.batch = bs;

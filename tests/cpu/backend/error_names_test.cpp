@@ -180,7 +180,14 @@ TEST(BackendErrorNames, GraphCallsNameThemselves) {
   const TensorView ends64(ends.data(), DType::int64, Device::cpu(), {2});
   EXPECT_TRUE(names(message([&] { be.fill_block_decode_seq_lens(2, ends64); }),
                     "MhaBackend.fill_block_decode_seq_lens: block_ends: expected int32 [>= 2] on cpu, got int64 [2] on cpu"));
+  Ints negative({-3, 8});
+  EXPECT_TRUE(names(message([&] { be.fill_block_decode_seq_lens(2, negative.view()); }),
+                    "MhaBackend.fill_block_decode_seq_lens: block_ends: expected non-negative lengths, got -3 at index 0"));
   ForwardBatch fb = st.decode();
+  fb.seq_lens = negative.view();  // eager block draft: lengths are block ends
+  EXPECT_TRUE(names(message([&] { be.init_forward_metadata(fb); }),
+                    "MhaBackend.init_forward_metadata: batch.seq_lens: expected non-negative lengths, got -3 at index 0"));
+  fb = st.decode();
   fb.batch_size = 3;
   fb.seq_lens = seq_buf.view();
   EXPECT_TRUE(names(message([&] { be.init_forward_metadata_replay_cuda_graph(fb); }),
