@@ -661,7 +661,6 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   const Device dev = config_.device;
   const TensorView workspace = workspace_.bytes() > 0 ? workspace_.bytes_view() : TensorView{};
   const TensorView plan_ws = prefill_workspace_.bytes() > 0 ? prefill_workspace_.bytes_view() : TensorView{};
-  const char* who = CallScope::name();
 
   // The step's attention as at most two op calls: a prefill over the leading extend rows
   // and a decode over the trailing one-query rows (all of them for decode steps).
@@ -706,18 +705,33 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   };
 
   // Everything is checked before anything is written: a rejected call leaves the cache,
-  // the outputs and this backend as they were.
+  // the outputs and this backend as they were. The ops' metadata are the step's: their
+  // errors name the batch fields they came from (the cache is only known here).
+  const std::string table_arg = T == 0 || md.groups.empty()
+                                    ? "batch.req_to_page (this step's page-table rows)"
+                                    : "batch.group_tables['" + layer_group(layer, md).group_id + "']";
+  auto as_user_args = [&](const char* op, auto&& check) {
+    with_user_args(op,
+                   {{"q", "q"}, {"out", "out"}, {"k_cache", "k_cache"}, {"v_cache", "v_cache"},
+                    {"page_table", table_arg}, {"seq_lens", "batch.seq_lens"},
+                    {"cu_seqlens_q", "batch.extend_seq_lens_cpu"}, {"sinks", "layer.sinks"}},
+                   check);
+  };
   if (plan.t_pre > 0) {
     prefill_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& cu, int mq,
                      const TensorView& orr) {
-      detail::check_batch_prefill(who, qr, kv.k_cache, kv.v_cache, tr, sl, cu, config_.page_size, mq, orr,
-                                  params, {}, plan_ws);
+      as_user_args("batch_prefill", [&] {
+        detail::check_batch_prefill("batch_prefill", qr, kv.k_cache, kv.v_cache, tr, sl, cu, config_.page_size, mq,
+                                    orr, params, {}, plan_ws);
+      });
     });
   }
   if (plan.n_dec > 0) {
     decode_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& orr) {
-      detail::check_batch_decode(who, qr, kv.k_cache, kv.v_cache, tr, sl, config_.page_size, plan.dec_q_len,
-                                 orr, params, {}, workspace);
+      as_user_args("batch_decode", [&] {
+        detail::check_batch_decode("batch_decode", qr, kv.k_cache, kv.v_cache, tr, sl, config_.page_size,
+                                   plan.dec_q_len, orr, params, {}, workspace);
+      });
     });
   }
   if (save) {

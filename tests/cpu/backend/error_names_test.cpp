@@ -158,6 +158,14 @@ TEST(BackendErrorNames, ForwardNamesTheLayerAndTheSlots) {
                                         2, st.out.view());
                     }),
                     "MhaBackend.forward_decode: out_cache_loc: expected dtype int32, got int64"));
+  // The step's table points past this layer's cache (known only here): named by the batch field.
+  Floats small_k(DType::bf16, {8 * P, Hkv, D}), small_v(DType::bf16, {8 * P, Hkv, D});
+  EXPECT_TRUE(names(message([&] {
+                      be.forward_decode(st.q.view(), {}, {}, st.layer.spec, {small_k.view(), small_v.view()}, {}, 2,
+                                        st.out.view());
+                    }),
+                    "MhaBackend.forward_decode: batch.req_to_page (this step's page-table rows): expected page ids in "
+                    "[0, 8)"));
   Ints outside({20, 1 << 20});  // past the pool's slots
   EXPECT_TRUE(names(message([&] {
                       be.forward_decode(st.q.view(), st.k.view(), st.v.view(), st.layer.spec, st.layer.kv(),
