@@ -383,8 +383,8 @@ def test_replay_table_and_plot_link(tmp_path):
     assert cells_of(text, "decode-only steps TB/s")[a] == "3.43"
     assert cells_of(text, "decode-only steps / read ceiling")[a] == "0.75 of 4.6 TB/s"
     # No decode-only steps: no bandwidth figure is made up from the 0.0 in the file.
-    assert cells_of(text, "decode-only steps TB/s")[b] == "- (no decode-only steps)"
-    assert cells_of(text, "decode-only steps / read ceiling")[b] == "-"
+    assert cells_of(text, "decode-only steps TB/s")[b] == "n/a (no decode-only steps)"
+    assert cells_of(text, "decode-only steps / read ceiling")[b] == "n/a (no decode-only steps)"
     assert cells_of(text, "extend steps TFLOP/s")[a] == "17.1"
     assert cells_of(text, "whole-trace roofline ratio")[a] == "0.180"
     assert cells_of(text, "backend metadata host us / step")[a] == "18.5 (decode steps 16.3)"
@@ -403,8 +403,8 @@ def test_replay_check_mismatch_and_missing_ceilings(tmp_path):
     doc["check"] = {"ok": False, "failure": "step 7: relative L2 error 0.5 > 1e-02"}
     text = render_dir(tmp_path, {"cpu-replay-x.json": doc})
     assert cells_of(text, "checks")[0] == "**MISMATCH**: step 7: relative L2 error 0.5 > 1e-02"
-    assert cells_of(text, "whole-trace roofline ratio")[0] == "-"
-    assert cells_of(text, "decode-only steps / read ceiling")[0] == "-"
+    assert cells_of(text, "whole-trace roofline ratio")[0] == "n/a (no roofline ceilings)"
+    assert cells_of(text, "decode-only steps / read ceiling")[0] == "n/a (no roofline ceilings)"
 
 
 def test_backend_overhead_table_marks_the_target(tmp_path):
