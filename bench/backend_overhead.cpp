@@ -10,10 +10,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "../tools/report_paths.h"
 #include "pagedmha/pagedmha.h"
 
 using namespace pagedmha;
@@ -119,8 +121,11 @@ int main(int argc, char** argv) {
   std::ofstream f(path);
   // The commit comes from the environment (PAGEDMHA_COMMIT=$(git rev-parse --short HEAD)).
   const char* commit = std::getenv("PAGEDMHA_COMMIT");
+  // Paths relative to the repository (this file's folder's parent; CMake compiles it by its
+  // absolute path), so the committed report names no folder of the machine that ran.
+  const std::string repo = std::filesystem::path(__FILE__).parent_path().parent_path().string();
   std::string command;
-  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + tools::repo_relative_word(argv[i], repo);
   f << "{\"gpu\": \"" << (dev.is_cuda() ? "NVIDIA H200" : "cpu") << "\", \"commit\": "
     << json_string(commit && *commit ? commit : "unknown") << ", \"command\": " << json_string(command);
   f << ", \"date\": \"" << date << "\", \"ceilings\": {},\n \"records\": [\n";

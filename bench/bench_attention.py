@@ -276,7 +276,7 @@ def make_sinks(case: Case, dev, gen):
 # --- Reference (fp32, from the paged pool, a few requests) -----------------------------
 
 def reference(case: Case, s: InputSet, rows: List[int], sinks) -> "torch.Tensor":
-    """fp32 attention of requests `rows` straight from the SEMANTICS.md formula:
+    """fp32 attention of requests `rows` straight from the docs/semantics.md formula (section 1):
     [len(rows), n, Hq, D]. Reads the stored pool values through the page table; the fp8
     scales enter through bmm1_scale and bmm2_scale, as in the kernels."""
     g = case.geom
@@ -823,7 +823,8 @@ def main(argv=None) -> int:
     doc = {
         "gpu": gpu,
         "commit": git_commit(),
-        "command": " ".join(["python3"] + [sys.argv[0]] + (sys.argv[1:] if argv is None else argv)),
+        "command": M.repo_relative_command(["python3", sys.argv[0], *(sys.argv[1:] if argv is None else argv)],
+                                           REPO),
         "date": now.isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(),

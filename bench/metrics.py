@@ -47,7 +47,7 @@ def _sum_range(lo: int, hi: int) -> int:
 
 
 def visible_pairs(q_len: int, kv_len: int, window_left: int = -1, causal: bool = True) -> int:
-    """Visible (query, key) pairs of one request (SEMANTICS.md section 1).
+    """Visible (query, key) pairs of one request (docs/semantics.md section 1).
 
     Query i in [0, q_len) sits at position p = kv_len - q_len + i. Causal: key j is visible
     iff j <= p and (window_left < 0 or j >= p - window_left). Non-causal: every key
@@ -217,3 +217,40 @@ def fmt_target(t: dict) -> str:
     v = "n/a" if t["value"] is None else f"{t['value']:.2f}x"
     mark = "no data" if t["met"] is None else ("met" if t["met"] else "NOT met")
     return f"{t['name']}: {v} (target >= {t['threshold']:g}x) {mark}"
+
+
+# --- Paths in reports ---------------------------------------------------------------------
+
+def repo_relative(path: str, repo) -> str:
+    """``path`` as a report records it (the rule of tools/report_paths.h): relative to the
+    repository root ``repo`` when inside it or in a folder beside it ("../shared/traces/x"),
+    unless the repository sits at the top of the file system; anywhere else its last
+    component. Relative paths are taken from the current folder; never an absolute path of
+    the machine that ran."""
+    import os
+
+    if not path:
+        return path
+    full = os.path.realpath(os.path.abspath(path))
+    root = os.path.realpath(str(repo))
+    rel = os.path.relpath(full, root)
+    parts = rel.split(os.sep)
+    up = parts[0] == ".."
+    beside = up and len(parts) > 1 and parts[1] != ".." and os.path.dirname(root) != os.sep
+    if not up or beside:
+        return rel
+    return os.path.basename(full)
+
+
+def repo_relative_command(words, repo) -> str:
+    """A command line for a report: words holding '/' (and values of --flag=value) made
+    repo_relative, joined with spaces."""
+    out = []
+    for w in words:
+        w = str(w)
+        if w.startswith("--") and "=" in w:
+            flag, value = w.split("=", 1)
+            out.append(flag + "=" + (repo_relative(value, repo) if "/" in value else value))
+        else:
+            out.append(repo_relative(w, repo) if "/" in w else w)
+    return " ".join(out)

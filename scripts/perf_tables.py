@@ -277,6 +277,7 @@ def _replay_column(doc: dict) -> List[str]:
         model += (f" ({m.get('layers')} layers, Hq {m.get('q_heads')}, Hkv {m.get('kv_heads')}, "
                   f"D {m.get('head_dim')})")
     ceil = s.get("ceilings") or {}
+    no_ratio = "n/a (no roofline ceilings)" if not ceil else "n/a"  # rows that do not apply say why
     if not c:
         check = "not recorded"
     elif c.get("ok"):
@@ -296,11 +297,12 @@ def _replay_column(doc: dict) -> List[str]:
         f"{steps} ({dec} decode-only)" if isinstance(dec, int) else str(steps),
         _num(s.get("attention_time_per_step_us"), 1),
         _num(s.get("attention_time_per_generated_token_us"), 1),
-        _num(s.get("decode_steps_tbps"), 2) if has_dec else "- (no decode-only steps)",
+        _num(s.get("decode_steps_tbps"), 2) if has_dec else "n/a (no decode-only steps)",
         (f"{_num(s.get('ratio_decode_read_ceiling'), 2)} of {_num(ceil.get('read_tbps'), 1)} TB/s"
-         if has_dec and s.get("ratio_decode_read_ceiling") is not None else "-"),
-        _num(s.get("extend_steps_tflops"), 1) if has_ext else "- (no extend steps)",
-        _num(s.get("ratio_roofline"), 3) if s.get("ratio_roofline") is not None else "-",
+         if has_dec and s.get("ratio_decode_read_ceiling") is not None
+         else "n/a (no decode-only steps)" if not has_dec else no_ratio),
+        _num(s.get("extend_steps_tflops"), 1) if has_ext else "n/a (no extend steps)",
+        _num(s.get("ratio_roofline"), 3) if s.get("ratio_roofline") is not None else no_ratio,
         meta_us,
         _pct(s.get("prefix_hit_rate")) + (f" ({s['prefix_hit_tokens']} tokens)"
                                           if isinstance(s.get("prefix_hit_tokens"), int) else ""),

@@ -47,12 +47,18 @@ def main() -> int:
     a.set_title("step " + ("floor" if dry else "latency") + " vs batch tokens" +
                 (f" (every {cols['stride']}th step)" if cols["stride"] > 1 else ""))
     a.legend()
+    # In use includes prompt blocks only the prefix cache holds; live pages (reports since
+    # live_pages exist) are those running requests reference.
+    live = cols.get("live_pages")
     for gi, name in enumerate(groups):
-        b.plot(cols["step"], cols["pages_in_use"][gi], label=name)
+        line, = b.plot(cols["step"], cols["pages_in_use"][gi],
+                       label=f"{name}: in use" + (" (live + prefix cache)" if live else ""))
+        if live:
+            b.plot(cols["step"], live[gi], color=line.get_color(), ls=":", label=f"{name}: live")
     b.axhline(rep["options"]["pages_per_group"] - 1, color="gray", ls="--", lw=1, label="pool capacity")
     b.set_xlabel("step")
-    b.set_ylabel("KV pages in use")
-    b.set_title("KV pages in use over time")
+    b.set_ylabel("KV pages")
+    b.set_title("KV pages over time")
     b.legend()
     s = rep["summary"]
     trunc = f" (truncated: {s['finished']}/{s['requests']} finished)" if rep.get("truncated") else ""

@@ -15,6 +15,7 @@
 #include "replay/error_text.h"
 #include "replay/plot.h"
 #include "replay/replay.h"
+#include "report_paths.h"
 
 namespace pagedmha::tools {
 namespace {
@@ -144,12 +145,12 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
   c->add_flag("--quiet", o.quiet, "No final table on stdout");
 }
 
-// argv joined with spaces; an argument a shell would split or expand is single-quoted,
-// so the recorded command can be pasted back.
+// argv joined with spaces, paths relative to the repository (report_paths.h); an argument
+// a shell would split or expand is single-quoted, so the recorded command can be pasted back.
 std::string joined_command(int argc, char** argv) {
   std::string out;
   for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
+    const std::string a = repo_relative_word(argv[i], PAGEDMHA_SOURCE_DIR);
     const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                                          "0123456789-_./=:,+@%") == std::string::npos;
     if (i) out += ' ';

@@ -1,4 +1,4 @@
-// MhaBackend: the attention backend a serving engine embeds (SEMANTICS.md sections 3-6).
+// MhaBackend: the attention backend a serving engine embeds (docs/semantics.md sections 3-6).
 // It owns no kernels: it turns the engine's per-step batch description into attention
 // metadata (KV lengths, cu_seqlens, page tables, write slots) with the ops of ops.h,
 // writes new K/V and calls batch_decode / batch_prefill. CPU and CUDA tensors alike.
@@ -178,6 +178,9 @@ struct AttentionMetadata {
 };
 
 /// The backend. Not thread-safe; one instance per model (and per drafter).
+/// Errors name the call the user made and the argument as passed, whichever inner op
+/// rejects it: "create_backend: config.head_dim: expected 64, 128 or 256, got 96",
+/// "MhaBackend.forward_decode: out_cache_loc: expected dtype int32, got int64".
 class MhaBackend {
  public:
   /// Allocates every persistent buffer (page tables [max_bs * rows, ceil(C / P)], clamp
@@ -200,7 +203,7 @@ class MhaBackend {
   /// the largest geometry. Errors: invalid head counts / head dims; workspace_bytes too small.
   void register_layers(const std::vector<LayerSpec>& layers);
 
-  /// Builds the metadata of one eager step (SEMANTICS.md section 3). extend / mixed /
+  /// Builds the metadata of one eager step (docs/semantics.md section 3). extend / mixed /
   /// draft_extend: prefill slot (and, for a drafter, the decode slot too); decode /
   /// target_verify: decode slot, plus the verify prefill slot when N > 1; block draft:
   /// decode slot with bs * N rows; idle: nothing. Issues device work on the stream only.
@@ -233,7 +236,7 @@ class MhaBackend {
   TensorView select_out_cache_loc(const LayerSpec& layer, ForwardMode mode,
                                   const TensorView& out_cache_loc) const;
 
-  // ---- CUDA graphs (SEMANTICS.md section 4) ----
+  // ---- CUDA graphs (docs/semantics.md section 4) ----
 
   /// Allocates the graph buffers for up to max_bs requests (<= config.max_bs).
   /// seq_lens_buf: the engine's int32 [>= max_bs] lengths buffer; the decode slot's
@@ -293,7 +296,8 @@ class MhaBackend {
   TensorView iota(int64_t n) const;        // 0, 1, ..., n - 1
   TensorView iota_step(int64_t n) const;   // 0, N, 2N, ... (n entries)
   void gather_block_rows(const ForwardBatch& batch, const TensorView& out) const;
-  void clamp(const TensorView& in, int lo, int hi, int repeat, const TensorView& out) const;
+  // clamp_seq_lens of `in`, the user's argument `arg` (named in its errors).
+  void clamp(const TensorView& in, const char* arg, int lo, int hi, int repeat, const TensorView& out) const;
   void gather(const ForwardBatch& batch, const TensorView& seq_lens, const TensorView& out) const;
   const AttentionMetadata* select_slot(ForwardMode mode) const;
   TensorView select_loc(const LayerSpec& layer, const AttentionMetadata* md,
@@ -304,7 +308,7 @@ class MhaBackend {
   TensorView run_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                            const LayerSpec& layer, const KvCacheView& kv,
                            const TensorView& out_cache_loc, const AttentionMetadata& md,
-                           const TensorView& out, bool save_kv_cache, const char* op);
+                           const TensorView& out, bool save_kv_cache, bool has_metadata);
 
   BackendConfig config_;
   int max_num_pages_ = 0;

@@ -26,7 +26,7 @@
 
 namespace pagedmha {
 
-/// Scalars and optional inputs of one attention call (SEMANTICS.md section 1).
+/// Scalars and optional inputs of one attention call (docs/semantics.md section 1).
 ///
 /// For query position p (queries are the last n positions of the KV length L:
 /// p_i = L - n + i) and query head h (KV head h / (Hq / Hkv)), key j is visible iff
@@ -129,7 +129,7 @@ std::size_t prefill_workspace_size(Device device, int64_t batch, int64_t total_q
 
 /// Merges K partial attention results of the same queries, each over its own disjoint
 /// set of keys (split-KV, decode context parallelism, cascade / shared-prefix attention),
-/// into the attention over the union of the key sets (docs/semantics.md, "Merging").
+/// into the attention over the union of the key sets (docs/semantics.md section 8.6).
 ///
 /// o: [K, T, Hq, D] bf16, fp16 or fp32; o[i] is part i's output (as batch_decode /
 ///    batch_prefill write it, bmm2_scale included). One strided view: K buffers of one

@@ -95,7 +95,7 @@ class PyBackend {
 
   void init_forward_metadata(const PyForwardBatch& batch, std::optional<std::uintptr_t> stream) {
     set_stream(stream);
-    const ForwardBatch b = batch.view("init_forward_metadata");
+    const ForwardBatch b = batch.view("MhaBackend.init_forward_metadata");
     impl_->init_forward_metadata(b);
     step_batch_ = batch;  // the decode slot may alias batch.seq_lens until the next step
   }
@@ -106,7 +106,7 @@ class PyBackend {
                const ArrayArg& k_cache, const ArrayArg& v_cache, const ArrayArg& out_cache_loc,
                int bs, const ArrayArg& out_arg, bool save_kv_cache,
                std::optional<std::uintptr_t> stream) {
-    const char* op = Extend ? "forward_extend" : "forward_decode";
+    const char* op = Extend ? "MhaBackend.forward_extend" : "MhaBackend.forward_decode";
     set_stream(stream);
     const TensorView q_ = to_view(q, op, "q"), k_ = to_view(k, op, "k"), v_ = to_view(v, op, "v"),
                      loc = to_view(out_cache_loc, op, "out_cache_loc"),
@@ -125,14 +125,14 @@ class PyBackend {
   nb::object select_out_cache_loc(nb::handle self, const PyLayerSpec& layer, ForwardMode mode,
                                   const ArrayArg& loc) {
     const TensorView t = impl_->select_out_cache_loc(
-        layer.view("select_out_cache_loc"), mode,
-        to_view(loc, "select_out_cache_loc", "out_cache_loc"));
+        layer.view("MhaBackend.select_out_cache_loc"), mode,
+        to_view(loc, "MhaBackend.select_out_cache_loc", "out_cache_loc"));
     return export_view(t, loc, self);
   }
 
   void register_layers(const std::vector<PyLayerSpec>& layers) {
     std::vector<LayerSpec> specs;
-    for (const PyLayerSpec& l : layers) specs.push_back(l.view("register_layers"));
+    for (const PyLayerSpec& l : layers) specs.push_back(l.view("MhaBackend.register_layers"));
     impl_->register_layers(specs);
   }
 
@@ -140,8 +140,9 @@ class PyBackend {
                              const std::vector<std::string>& cache_group_ids,
                              std::optional<std::uintptr_t> stream) {
     set_stream(stream);
-    impl_->init_cuda_graph_state(max_bs, to_view(seq_lens_buf, "init_cuda_graph_state", "seq_lens_buf"),
-                                 cache_group_ids);
+    impl_->init_cuda_graph_state(
+        max_bs, to_view(seq_lens_buf, "MhaBackend.init_cuda_graph_state", "seq_lens_buf"),
+        cache_group_ids);
     seq_lens_buf_ = seq_lens_buf;  // aliased by every captured decode slot
   }
 
@@ -154,7 +155,7 @@ class PyBackend {
   void replay(const PyForwardBatch& batch, std::optional<std::uintptr_t> stream) {
     set_stream(stream);
     impl_->init_forward_metadata_replay_cuda_graph(
-        batch.view("init_forward_metadata_replay_cuda_graph"));
+        batch.view("MhaBackend.init_forward_metadata_replay_cuda_graph"));
     step_batch_ = batch;
   }
 
@@ -162,7 +163,8 @@ class PyBackend {
                                   std::optional<std::uintptr_t> stream) {
     set_stream(stream);
     impl_->fill_block_decode_seq_lens(bs,
-                                      to_view(block_ends, "fill_block_decode_seq_lens", "block_ends"));
+                                      to_view(block_ends, "MhaBackend.fill_block_decode_seq_lens",
+                                              "block_ends"));
   }
 
  private:
@@ -171,7 +173,7 @@ class PyBackend {
   ArrayArg seq_lens_buf_;
 };
 
-BackendConfig make_config(int page_size, int context_len, DType kv_cache_dtype, DType out_dtype,
+BackendConfig make_config(const char* call, int page_size, int context_len, DType kv_cache_dtype, DType out_dtype,
                           int max_bs, nb::handle device, int spec_num_tokens, bool is_draft,
                           bool draft_block_decode, std::size_t workspace_bytes, int num_q_heads,
                           int num_kv_heads, int head_dim,
@@ -183,7 +185,7 @@ BackendConfig make_config(int page_size, int context_len, DType kv_cache_dtype, 
   c.kv_cache_dtype = kv_cache_dtype;
   c.out_dtype = out_dtype;
   c.max_bs = max_bs;
-  c.device = parse_device(nb::str(device).c_str(), "MhaBackend", "device");
+  c.device = parse_device(nb::str(device).c_str(), call, "device");
   c.spec_num_tokens = spec_num_tokens;
   c.is_draft = is_draft;
   c.draft_block_decode = draft_block_decode;
@@ -196,19 +198,28 @@ BackendConfig make_config(int page_size, int context_len, DType kv_cache_dtype, 
   return c;
 }
 
-// The binding signature of every config-taking entry point: leading arguments, then the
-// config fields of PAGEDMHA_CONFIG_ARGS; f(lead..., config) does the rest.
+// The binding signature of every config-taking entry point (`call`, the name the user
+// calls): leading arguments, then the config fields of PAGEDMHA_CONFIG_ARGS;
+// f(lead..., config) does the rest. Config errors name the keyword the user passed
+// ("create_backend: head_dim: ..."), not the C++ field ("config.head_dim").
 template <class... Lead, class F>
-auto with_config(F f) {
-  return [f](Lead... lead, int page_size, int context_len, DType kv_cache_dtype, DType out_dtype,
-             int max_bs, nb::handle device, int spec_num_tokens, bool is_draft,
-             bool draft_block_decode, std::size_t workspace_bytes, int num_q_heads,
-             int num_kv_heads, int head_dim, std::vector<std::string> state_cache_groups,
-             std::optional<std::uintptr_t> stream) {
-    return f(lead..., make_config(page_size, context_len, kv_cache_dtype, out_dtype, max_bs,
-                                  device, spec_num_tokens, is_draft, draft_block_decode,
-                                  workspace_bytes, num_q_heads, num_kv_heads, head_dim,
-                                  std::move(state_cache_groups), stream));
+auto with_config(const char* call, F f) {
+  return [call, f](Lead... lead, int page_size, int context_len, DType kv_cache_dtype, DType out_dtype,
+                   int max_bs, nb::handle device, int spec_num_tokens, bool is_draft,
+                   bool draft_block_decode, std::size_t workspace_bytes, int num_q_heads,
+                   int num_kv_heads, int head_dim, std::vector<std::string> state_cache_groups,
+                   std::optional<std::uintptr_t> stream) {
+    try {
+      return f(lead..., make_config(call, page_size, context_len, kv_cache_dtype, out_dtype, max_bs,
+                                    device, spec_num_tokens, is_draft, draft_block_decode,
+                                    workspace_bytes, num_q_heads, num_kv_heads, head_dim,
+                                    std::move(state_cache_groups), stream));
+    } catch (const Error& e) {
+      std::string m = e.what();
+      const std::string field = std::string(call) + ": config.";
+      if (m.compare(0, field.size(), field) == 0) m.erase(field.size() - 7, 7);
+      throw Error(m);
+    }
   };
 }
 
@@ -325,7 +336,7 @@ void bind_backend(nb::module_& m) {
                         "more per drafter). Not thread-safe. Create it with create_backend.")
       .def(
           "__init__",
-          with_config<PyBackend*>([](PyBackend* self, const BackendConfig& c) {
+          with_config<PyBackend*>("MhaBackend", [](PyBackend* self, const BackendConfig& c) {
             new (self) PyBackend(std::make_unique<MhaBackend>(c));
           }),
           nb::kw_only(), PAGEDMHA_CONFIG_ARGS,
@@ -345,7 +356,7 @@ void bind_backend(nb::module_& m) {
            "Raises:\n    pagedmha.Error: invalid head counts / head dims; workspace_bytes too small.")
       .def("init_forward_metadata", &PyBackend::init_forward_metadata, arg("forward_batch"),
            nb::kw_only(), arg("stream").none() = nb::none(),
-           "Builds the metadata of one eager step (SEMANTICS.md section 3) on the device. The\n"
+           "Builds the metadata of one eager step (docs/semantics.md section 3) on the device. The\n"
            "decode slot reads forward_batch.seq_lens in place until the next step.\n\n"
            "Raises:\n    pagedmha.Error: dtypes, devices, bs > max_bs, missing host lengths, "
            "unknown group ids.")
@@ -393,7 +404,7 @@ void bind_backend(nb::module_& m) {
 
   m.def(
       "create_backend",
-      with_config<const std::string&>([](const std::string& name, const BackendConfig& c) {
+      with_config<const std::string&>("create_backend", [](const std::string& name, const BackendConfig& c) {
         return PyBackend(create_backend(name, c));
       }),
       arg("name"), nb::kw_only(), PAGEDMHA_CONFIG_ARGS,

@@ -1,11 +1,14 @@
 // Internal helpers shared by the MhaBackend translation units (mha_backend.cpp,
-// graph_state.cpp): argument errors and the int32 metadata buffers the backend owns.
+// graph_state.cpp, registry.cpp): argument errors and the int32 metadata buffers the
+// backend owns.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "pagedmha/error.h"
 #include "pagedmha/memory.h"
@@ -15,8 +18,60 @@ namespace pagedmha::backend_detail {
 
 inline std::string str(int64_t v) { return std::to_string(v); }
 
+// The public call the user made ("create_backend", "MhaBackend.forward_decode", ...):
+// every error of the backend starts with it. The outermost scope wins, so the constructor
+// run by create_backend, and register_layers run by the constructor, name the user's call.
+class CallScope {
+ public:
+  explicit CallScope(const char* call) : outer_(slot()) {
+    if (outer_ == nullptr) slot() = call;
+  }
+  ~CallScope() { slot() = outer_; }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+  /// The active call, else `fallback`.
+  static const char* name(const char* fallback = "MhaBackend") { return slot() ? slot() : fallback; }
+
+ private:
+  static const char*& slot() {
+    static thread_local const char* call = nullptr;
+    return call;
+  }
+  const char* outer_;
+};
+
 [[noreturn]] inline void fail(const std::string& arg, const std::string& expected, const std::string& given) {
-  throw_invalid_argument("MhaBackend", arg, expected, given);
+  throw_invalid_argument(CallScope::name(), arg, expected, given);
+}
+
+// For the handler of a public entry point (`call`: its own name): rethrows `e` so that it
+// starts with the user's call; an inner op's error ("append_kv: k: ...") gets it in front.
+[[noreturn]] inline void rethrow_in_call(const Error& e, const char* call) {
+  const std::string head = std::string(CallScope::name(call)) + ": ";
+  const std::string m = e.what();
+  if (m.compare(0, head.size(), head) == 0) throw e;
+  throw Error(head + m);
+}
+
+// Runs op `f` (named `op` in its errors) on the user's arguments under the op's parameter
+// names: an error about parameter p names the user's call and argument args[p] instead
+// ({"seq_lens", "batch.seq_lens"}); other errors get the call in front.
+template <class F>
+void with_user_args(const char* op, std::initializer_list<std::pair<const char*, std::string>> args, F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string m = e.what(), head = std::string(op) + ": ", call = std::string(CallScope::name()) + ": ";
+    if (m.compare(0, call.size(), call) == 0) throw;  // already names the user's call
+    if (m.compare(0, head.size(), head) == 0) {
+      const std::size_t end = m.find(": ", head.size());
+      const std::string param = m.substr(head.size(), end == std::string::npos ? 0 : end - head.size());
+      for (const auto& [name, user] : args) {
+        if (param == name) throw Error(std::string(CallScope::name()) + ": " + user + m.substr(end));
+      }
+    }
+    throw Error(std::string(CallScope::name()) + ": " + m);
+  }
 }
 
 // int32 [n] view of b starting at element offset.

@@ -1,4 +1,4 @@
-// CUDA-graph state of MhaBackend (SEMANTICS.md section 4): persistent buffers sized at
+// CUDA-graph state of MhaBackend (docs/semantics.md section 4): persistent buffers sized at
 // init_cuda_graph_state, per-batch-size metadata recorded at capture, device-only
 // refresh before each replay. Nothing here allocates after init_cuda_graph_state.
 #include <algorithm>
@@ -13,7 +13,8 @@ namespace pagedmha {
 using namespace backend_detail;
 
 void MhaBackend::init_cuda_graph_state(int max_bs, const TensorView& seq_lens_buf,
-                                       const std::vector<std::string>& cache_group_ids) {
+                                       const std::vector<std::string>& cache_group_ids) try {
+  const CallScope call("MhaBackend.init_cuda_graph_state");
   if (max_bs < 1 || max_bs > config_.max_bs) fail("max_bs", "1.." + str(config_.max_bs) + " (config.max_bs)", str(max_bs));
   if (!seq_lens_buf.defined() || seq_lens_buf.dtype != DType::int32 || seq_lens_buf.ndim != 1 ||
       !(seq_lens_buf.device == config_.device) || seq_lens_buf.size(0) < max_bs ||
@@ -47,10 +48,13 @@ void MhaBackend::init_cuda_graph_state(int max_bs, const TensorView& seq_lens_bu
   graph_ = std::move(g);
   has_graph_ = true;
   prefill_slot_ = decode_slot_ = nullptr;  // slots may have pointed into the old state
+} catch (const Error& e) {
+  rethrow_in_call(e, "MhaBackend.init_cuda_graph_state");
 }
 
 void MhaBackend::init_forward_metadata_capture_cuda_graph(int bs, ForwardMode mode,
-                                                          const std::vector<std::string>& cache_group_ids) {
+                                                          const std::vector<std::string>& cache_group_ids) try {
+  const CallScope call("MhaBackend.init_forward_metadata_capture_cuda_graph");
   if (!has_graph_) fail("init_cuda_graph_state", "a call before capture", "none");
   if (is_extend_or_mixed(mode) || mode == ForwardMode::idle) {
     fail("forward_mode", "a decode-mode step (decode, target_verify) for graph capture", forward_mode_name(mode));
@@ -91,7 +95,8 @@ void MhaBackend::init_forward_metadata_capture_cuda_graph(int bs, ForwardMode mo
     const int64_t rows = int64_t{bs} * N;
     AttentionMetadata& md = graph_.decode[bs];
     md.cache_seqlens = vec(graph_.block_seqlens, 0, rows);
-    clamp(seq, N, N, N, md.cache_seqlens);  // a safe seed (N) until fill_block_decode_seq_lens runs
+    // A safe seed (N) until fill_block_decode_seq_lens runs.
+    clamp(seq, "seq_lens_buf", N, N, N, md.cache_seqlens);
     md.cu_seqlens_q = iota(rows + 1);
     md.cu_seqlens_k = {};
     md.page_table = mat(graph_.page_table, rows, cols);
@@ -109,15 +114,18 @@ void MhaBackend::init_forward_metadata_capture_cuda_graph(int bs, ForwardMode mo
       AttentionMetadata& md = graph_.prefill[bs];
       describe(md, true);
       md.cache_seqlens = vec(graph_.spec_seqlens, 0, bs);
-      clamp(seq, N, C, 1, md.cache_seqlens);
+      clamp(seq, "seq_lens_buf", N, C, 1, md.cache_seqlens);
     }
   }
   graph_.captured_groups[bs] = ids;
   decode_slot_ = graph_.decode.count(bs) ? &graph_.decode.at(bs) : nullptr;
   prefill_slot_ = graph_.prefill.count(bs) ? &graph_.prefill.at(bs) : nullptr;
+} catch (const Error& e) {
+  rethrow_in_call(e, "MhaBackend.init_forward_metadata_capture_cuda_graph");
 }
 
-void MhaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& b) {
+void MhaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& b) try {
+  const CallScope call("MhaBackend.init_forward_metadata_replay_cuda_graph");
   if (!has_graph_) fail("init_cuda_graph_state", "a call before replay", "none");
   const int bs = b.batch_size;
   auto cap = graph_.captured_groups.find(bs);
@@ -162,16 +170,16 @@ void MhaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& b) 
       }
       const TensorView& t = it->page_table;
       if (!t.defined() || t.dtype != DType::int32 || t.ndim != 2 || !(t.device == dev)) {
-        fail("group_tables['" + id + "']", "int32 [rows, cols] on " + dev.str(),
+        fail("batch.group_tables['" + id + "']", "int32 [rows, cols] on " + dev.str(),
              t.defined() ? t.shape_str() : "undefined");
       }
-      if (t.size(1) > cols) fail("group_tables['" + id + "']", "at most " + str(cols) + " columns", t.shape_str());
+      if (t.size(1) > cols) fail("batch.group_tables['" + id + "']", "at most " + str(cols) + " columns", t.shape_str());
       GroupBuffers& gb = graph_.groups.at(id);
       const int64_t live_rows = std::min<int64_t>(t.size(0), bs);
       // Rows past the live table read page 0: only padded rows (seq_len <= 1) may lack one.
       for (int64_t r = live_rows; host_len && r < bs; ++r) {
         if ((*host_len)[r] > 1) {
-          fail("group_tables['" + id + "']", "a row for every request with seq_len > 1 (row " + str(r) +
+          fail("batch.group_tables['" + id + "']", "a row for every request with seq_len > 1 (row " + str(r) +
                " has seq_len " + str((*host_len)[r]) + ")", t.shape_str());
         }
       }
@@ -185,31 +193,48 @@ void MhaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& b) 
                    static_cast<std::size_t>((bs - live_rows) * cols) * 4, s);
       }
       gb.written_cols = std::max(gb.written_cols, live_cols);
+      const std::string table_arg = "batch.group_tables['" + id + "']";
       if (live_rows > 0) {
-        gather_page_table_with_padding(t, iota(live_rows), seq.slice(0, 0, live_rows), mat(gb.table, live_rows, cols),
-                                       static_cast<int>(live_rows), static_cast<int>(live_cols), P, s);
+        with_user_args("gather_page_table_with_padding", {{"req_to_page", table_arg}, {"seq_lens", "batch.seq_lens"}},
+                       [&] {
+                         gather_page_table_with_padding(t, iota(live_rows), seq.slice(0, 0, live_rows),
+                                                        mat(gb.table, live_rows, cols), static_cast<int>(live_rows),
+                                                        static_cast<int>(live_cols), P, s);
+                       });
       }
       const TensorView table = mat(gb.table, bs, cols);
-      if (dmd) decode_write_slots(table, seq, P, 1, vec(gb.decode_slots, 0, bs), s);
-      if (pmd) decode_write_slots(table, seq, P, verify_writes(), vec(gb.verify_slots, 0, int64_t{bs} * verify_writes()), s);
+      with_user_args("decode_write_slots", {{"page_table", table_arg}, {"seq_lens", "batch.seq_lens"}}, [&] {
+        if (dmd) decode_write_slots(table, seq, P, 1, vec(gb.decode_slots, 0, bs), s);
+        if (pmd) decode_write_slots(table, seq, P, verify_writes(), vec(gb.verify_slots, 0, int64_t{bs} * verify_writes()), s);
+      });
     }
   }
-  if (pmd) clamp(seq, N, config_.context_len, 1, pmd->cache_seqlens);
+  if (pmd) clamp(seq, "batch.seq_lens", N, config_.context_len, 1, pmd->cache_seqlens);
   decode_slot_ = dmd;
   prefill_slot_ = pmd;
+} catch (const Error& e) {
+  rethrow_in_call(e, "MhaBackend.init_forward_metadata_replay_cuda_graph");
 }
 
-void MhaBackend::fill_block_decode_seq_lens(int bs, const TensorView& block_ends) {
+void MhaBackend::fill_block_decode_seq_lens(int bs, const TensorView& block_ends) try {
+  const CallScope call("MhaBackend.fill_block_decode_seq_lens");
   if (!block_draft()) fail("config.draft_block_decode", "true with spec_num_tokens > 1", "a non-block backend");
   const int N = config_.spec_num_tokens;
   if (decode_slot_ == nullptr || decode_slot_->batch < int64_t{bs} * N || bs < 0) {
     fail("bs", "<= the block-draft rows of the current decode slot / N", str(bs));
   }
   if (bs == 0) return;
-  if (!block_ends.defined() || block_ends.ndim != 1 || block_ends.size(0) < bs) {
-    fail("block_ends", "int32 [>= " + str(bs) + "]", block_ends.defined() ? block_ends.shape_str() : "undefined");
+  if (!block_ends.defined() || block_ends.dtype != DType::int32 || block_ends.ndim != 1 || block_ends.size(0) < bs ||
+      !(block_ends.device == config_.device)) {
+    fail("block_ends", "int32 [>= " + str(bs) + "] on " + config_.device.str(),
+         block_ends.defined() ? std::string(dtype_name(block_ends.dtype)) + " " + block_ends.shape_str() + " on " +
+                                    block_ends.device.str()
+                              : "undefined");
   }
-  clamp(block_ends.slice(0, 0, bs), N, config_.context_len, N, decode_slot_->cache_seqlens.slice(0, 0, int64_t{bs} * N));
+  clamp(block_ends.slice(0, 0, bs), "block_ends", N, config_.context_len, N,
+        decode_slot_->cache_seqlens.slice(0, 0, int64_t{bs} * N));
+} catch (const Error& e) {
+  rethrow_in_call(e, "MhaBackend.fill_block_decode_seq_lens");
 }
 
 }  // namespace pagedmha

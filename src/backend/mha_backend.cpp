@@ -1,5 +1,5 @@
 // MhaBackend: metadata slots, cache groups, speculative routing and CUDA-graph state
-// over the ops of ops.h (SEMANTICS.md sections 3-6). No kernels live here.
+// over the ops of ops.h (docs/semantics.md sections 3-6). No kernels live here.
 #include "pagedmha/backend.h"
 
 #include <algorithm>
@@ -82,14 +82,27 @@ TensorView rows3(const TensorView& t, int heads, int head_dim, const char* arg) 
   return TensorView(t.data, t.dtype, t.device, {t.size(0), heads, head_dim}, {t.stride(0), head_dim, 1});
 }
 
+// A layer geometry the kernels support, named as the user gave it (`prefix` + field), so
+// that no inner call (decode_workspace_size) reports it under its own name.
+void check_geometry(int num_q_heads, int num_kv_heads, int head_dim, const std::string& prefix) {
+  if (num_kv_heads < 1) fail(prefix + "num_kv_heads", ">= 1", str(num_kv_heads));
+  if (num_q_heads < 1 || num_q_heads % num_kv_heads != 0) {
+    fail(prefix + "num_q_heads", "a positive multiple of num_kv_heads " + str(num_kv_heads), str(num_q_heads));
+  }
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) fail(prefix + "head_dim", "64, 128 or 256", str(head_dim));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------
 // Construction
 // ---------------------------------------------------------------------------------
 
-MhaBackend::MhaBackend(const BackendConfig& config) : config_(config) {
+MhaBackend::MhaBackend(const BackendConfig& config) try : config_(config) {
+  const CallScope call("MhaBackend");  // create_backend's scope wins when it made this one
   const BackendConfig& c = config_;
+  // Before the first allocation: no CUDA runtime call reports a missing device.
+  detail::check_device_usable(CallScope::name(), "config.device", c.device);
   if (c.page_size < 1) fail("config.page_size", ">= 1", str(c.page_size));
   if (c.context_len < 1) fail("config.context_len", ">= 1", str(c.context_len));
   // The metadata buffers hold max_bs (x N) rows of up to ceil(context_len / page_size)
@@ -134,11 +147,14 @@ MhaBackend::MhaBackend(const BackendConfig& config) : config_(config) {
   // grown by register_layers), always before any capture.
   if (c.workspace_bytes > 0) workspace_ = Buffer(c.workspace_bytes, dev);
   if (c.num_q_heads != 0 || c.num_kv_heads != 0 || c.head_dim != 0) {
+    check_geometry(c.num_q_heads, c.num_kv_heads, c.head_dim, "config.");
     LayerSpec largest;
     largest.num_q_heads = c.num_q_heads, largest.num_kv_heads = c.num_kv_heads, largest.head_dim = c.head_dim;
     register_layers({largest});
   }
   side_ = std::make_unique<detail::SideStream>(dev);
+} catch (const Error& e) {
+  rethrow_in_call(e, "MhaBackend");
 }
 
 MhaBackend::~MhaBackend() = default;
@@ -162,7 +178,12 @@ std::size_t MhaBackend::decode_workspace_need(int num_q_heads, int num_kv_heads,
   return need;
 }
 
-void MhaBackend::register_layers(const std::vector<LayerSpec>& layers) {
+void MhaBackend::register_layers(const std::vector<LayerSpec>& layers) try {
+  const CallScope call("MhaBackend.register_layers");
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& l = layers[i];
+    check_geometry(l.num_q_heads, l.num_kv_heads, l.head_dim, "layers[" + std::to_string(i) + "].");
+  }
   std::size_t need = 0;
   for (const LayerSpec& l : layers) {
     need = std::max(need, decode_workspace_need(l.num_q_heads, l.num_kv_heads, l.head_dim));
@@ -174,6 +195,8 @@ void MhaBackend::register_layers(const std::vector<LayerSpec>& layers) {
          std::to_string(config_.workspace_bytes));
   }
   workspace_ = Buffer(need, config_.device);
+} catch (const Error& e) {
+  rethrow_in_call(e, "MhaBackend.register_layers");
 }
 
 // ---------------------------------------------------------------------------------
@@ -183,8 +206,8 @@ void MhaBackend::register_layers(const std::vector<LayerSpec>& layers) {
 TensorView MhaBackend::iota(int64_t n) const { return vec(iota_buf_, 0, n); }
 TensorView MhaBackend::iota_step(int64_t n) const { return vec(iota_step_buf_, 0, n); }
 
-void MhaBackend::clamp(const TensorView& in, int lo, int hi, int repeat, const TensorView& out) const {
-  clamp_seq_lens(in, lo, hi, repeat, out, config_.stream);
+void MhaBackend::clamp(const TensorView& in, const char* arg, int lo, int hi, int repeat, const TensorView& out) const {
+  with_user_args("clamp_seq_lens", {{"seq_lens", arg}}, [&] { clamp_seq_lens(in, lo, hi, repeat, out, config_.stream); });
 }
 
 std::vector<CacheGroupTable> MhaBackend::shed_state_groups(const std::vector<CacheGroupTable>& tables) const {
@@ -255,8 +278,13 @@ void MhaBackend::gather(const ForwardBatch& b, const TensorView& seq_lens, const
          b.req_to_page.shape_str());
   }
   check_int32_vector(b.req_pool_indices, "batch.req_pool_indices", config_.device, b.batch_size);
-  gather_page_table_with_padding(b.req_to_page, b.req_pool_indices, seq_lens, out, b.batch_size,
-                                 max_num_pages_, config_.page_size, config_.stream);
+  with_user_args("gather_page_table_with_padding",
+                 {{"req_to_page", "batch.req_to_page"}, {"req_pool_indices", "batch.req_pool_indices"},
+                  {"seq_lens", "batch.seq_lens"}},
+                 [&] {
+                   gather_page_table_with_padding(b.req_to_page, b.req_pool_indices, seq_lens, out, b.batch_size,
+                                                  max_num_pages_, config_.page_size, config_.stream);
+                 });
 }
 
 // Block draft: request r's full row copied to rows r * N + j. One strided gather per j;
@@ -304,7 +332,8 @@ const GroupMetadata& MhaBackend::layer_group(const LayerSpec& layer, const Atten
 // Eager metadata
 // ---------------------------------------------------------------------------------
 
-void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
+void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
+  const CallScope call("MhaBackend.init_forward_metadata");
   prefill_slot_ = decode_slot_ = nullptr;
   eager_prefill_.groups.clear();
   eager_decode_.groups.clear();
@@ -321,7 +350,9 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     fail("batch.group_tables", "none with draft_block_decode (cache groups are not supported there)",
          str(static_cast<int64_t>(groups.size())) + " groups");
   }
-  for (const CacheGroupTable& g : groups) check_int32_matrix(g.page_table, "group_tables['" + g.group_id + "']", dev, bs);
+  for (const CacheGroupTable& g : groups) {
+    check_int32_matrix(g.page_table, "batch.group_tables['" + g.group_id + "']", dev, bs);
+  }
 
   const TensorView seq = b.seq_lens.slice(0, 0, bs);
   const TensorView table = mat(page_table_buf_, bs, max_num_pages_);
@@ -332,6 +363,7 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     return table;
   };
   auto group_view = [&](const CacheGroupTable& g) { return g.page_table.slice(0, 0, bs); };
+  auto group_arg = [](const CacheGroupTable& g) { return "batch.group_tables['" + g.group_id + "']"; };
   // md's tables: the gathered single table, or each cache group's table with the write
   // slots that write_slots(g) fills.
   auto set_tables = [&](AttentionMetadata& md, auto&& write_slots) {
@@ -352,7 +384,8 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     md.ragged = false;
     set_tables(md, [&](const CacheGroupTable& g) {
       const TensorView slots = vec(eager_group(g.group_id).decode_slots, 0, bs);
-      decode_write_slots(group_view(g), seq, P, 1, slots, s);
+      with_user_args("decode_write_slots", {{"page_table", group_arg(g)}, {"seq_lens", "batch.seq_lens"}},
+                     [&] { decode_write_slots(group_view(g), seq, P, 1, slots, s); });
       return slots;
     });
     decode_slot_ = &eager_decode_;
@@ -389,7 +422,10 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     cu_q[0] = cu_k[0] = 0;
     for (int r = 0; r < bs; ++r) {
       if (ext[r] < 0) fail("batch.extend_seq_lens_cpu", "non-negative lengths", str(ext[r]) + " at " + str(r));
-      if (prefix[r] < 0) fail("batch.extend_prefix_lens", "non-negative lengths", str(prefix[r]) + " at " + str(r));
+      if (prefix[r] < 0) {
+        fail(b.extend_prefix_lens_cpu.defined() ? "batch.extend_prefix_lens_cpu" : "batch.seq_lens_cpu",
+             "non-negative prefix lengths", str(prefix[r]) + " at " + str(r));
+      }
       tq += ext[r];
       tk += int64_t{prefix[r]} + ext[r];
       if (tk > INT_MAX) fail("batch.seq_lens", "a total below 2^31", str(tk));
@@ -422,7 +458,9 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
         gb.extend_slots = Buffer(static_cast<std::size_t>(gb.extend_capacity) * 4, dev);
       }
       const TensorView slots = vec(gb.extend_slots, 0, tq);
-      extend_write_slots(group_view(g), prefix_dev, cu_q_dev, P, slots, s);
+      with_user_args("extend_write_slots",
+                     {{"page_table", group_arg(g)}, {"prefix_lens", "batch.extend_prefix_lens_cpu"}},
+                     [&] { extend_write_slots(group_view(g), prefix_dev, cu_q_dev, P, slots, s); });
       return slots;
     });
     // The prefill kernel's tile plan, grown like the write slots (eager steps only).
@@ -442,7 +480,7 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     AttentionMetadata& md = eager_decode_;
     gather_block_rows(b, mat(page_table_buf_, rows, max_num_pages_));
     md.cache_seqlens = vec(block_seqlens_buf_, 0, rows);
-    clamp(seq, N, config_.context_len, N, md.cache_seqlens);
+    clamp(seq, "batch.seq_lens", N, config_.context_len, N, md.cache_seqlens);
     md.cu_seqlens_q = iota(rows + 1);
     md.cu_seqlens_k = {};
     md.page_table = mat(page_table_buf_, rows, max_num_pages_);
@@ -460,7 +498,7 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     // buffer: padded rows (seq_len 1) would otherwise leave early queries keyless.
     AttentionMetadata& md = eager_prefill_;
     md.cache_seqlens = vec(spec_seqlens_buf_, 0, bs);
-    clamp(seq, N, config_.context_len, 1, md.cache_seqlens);
+    clamp(seq, "batch.seq_lens", N, config_.context_len, 1, md.cache_seqlens);
     md.cu_seqlens_q = iota_step(bs + 1);
     md.cu_seqlens_k = {};
     md.batch = bs;
@@ -470,11 +508,14 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) {
     const int w = verify_writes();
     set_tables(md, [&](const CacheGroupTable& g) {
       const TensorView slots = vec(eager_group(g.group_id).verify_slots, 0, int64_t{bs} * w);
-      decode_write_slots(group_view(g), seq, P, w, slots, s);
+      with_user_args("decode_write_slots", {{"page_table", group_arg(g)}, {"seq_lens", "batch.seq_lens"}},
+                     [&] { decode_write_slots(group_view(g), seq, P, w, slots, s); });
       return slots;
     });
     prefill_slot_ = &eager_prefill_;
   }
+} catch (const Error& e) {
+  rethrow_in_call(e, "MhaBackend.init_forward_metadata");
 }
 
 // ---------------------------------------------------------------------------------
@@ -501,23 +542,30 @@ TensorView MhaBackend::select_loc(const LayerSpec& layer, const AttentionMetadat
 }
 
 TensorView MhaBackend::select_out_cache_loc(const LayerSpec& layer, ForwardMode mode,
-                                            const TensorView& out_cache_loc) const {
+                                            const TensorView& out_cache_loc) const try {
+  const CallScope call("MhaBackend.select_out_cache_loc");
   return select_loc(layer, select_slot(mode), out_cache_loc);
+} catch (const Error& e) {
+  rethrow_in_call(e, "MhaBackend.select_out_cache_loc");
 }
 
 TensorView MhaBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                                       const LayerSpec& layer, const KvCacheView& kv,
                                       const TensorView& out_cache_loc, int bs, const TensorView& out,
-                                      bool save_kv_cache) {
+                                      bool save_kv_cache) try {
+  const CallScope call("MhaBackend.forward_extend");
   check_step_bs(bs);
   return run_attention(q, k, v, layer, kv, out_cache_loc, prefill_slot_ ? *prefill_slot_ : AttentionMetadata{},
-                       out, save_kv_cache, prefill_slot_ ? "forward_extend" : nullptr);
+                       out, save_kv_cache, prefill_slot_ != nullptr);
+} catch (const Error& e) {
+  rethrow_in_call(e, "MhaBackend.forward_extend");
 }
 
 TensorView MhaBackend::forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                                       const LayerSpec& layer, const KvCacheView& kv,
                                       const TensorView& out_cache_loc, int bs, const TensorView& out,
-                                      bool save_kv_cache) {
+                                      bool save_kv_cache) try {
+  const CallScope call("MhaBackend.forward_decode");
   check_step_bs(bs);
   const AttentionMetadata* md = nullptr;
   if (block_draft()) {
@@ -527,21 +575,21 @@ TensorView MhaBackend::forward_decode(const TensorView& q, const TensorView& k, 
     md = q_len > 1 ? prefill_slot_ : decode_slot_;
   }
   return run_attention(q, k, v, layer, kv, out_cache_loc, md ? *md : AttentionMetadata{}, out, save_kv_cache,
-                       md ? "forward_decode" : nullptr);
+                       md != nullptr);
+} catch (const Error& e) {
+  rethrow_in_call(e, "MhaBackend.forward_decode");
 }
 
 TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const LayerSpec& layer, const KvCacheView& kv,
                                      const TensorView& out_cache_loc, const AttentionMetadata& md,
-                                     const TensorView& out, bool save_kv_cache, const char* op) {
-  if (op == nullptr) {
+                                     const TensorView& out, bool save_kv_cache, bool has_metadata) {
+  if (!has_metadata) {
     fail("metadata", "init_forward_metadata (or a graph replay) for this step's slot first", "no metadata");
   }
   if (md.groups.empty()) check_no_group(layer);
   const int Hq = layer.num_q_heads, Hkv = layer.num_kv_heads, D = layer.head_dim;
-  if (Hq < 1 || Hkv < 1 || Hq % Hkv != 0) {
-    fail("layer.num_q_heads", "a positive multiple of num_kv_heads " + str(Hkv), str(Hq));
-  }
+  check_geometry(Hq, Hkv, D, "layer.");
   // Checked before any K/V write; 0, the LayerSpec default, means the usual D^-0.5.
   if (!std::isfinite(layer.scaling)) fail("layer.scaling", "a finite sm_scale (0: head_dim^-0.5)", std::to_string(layer.scaling));
   const float scaling = layer.scaling != 0.0f ? layer.scaling : 1.0f / std::sqrt(static_cast<float>(D));
@@ -613,7 +661,6 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   const Device dev = config_.device;
   const TensorView workspace = workspace_.bytes() > 0 ? workspace_.bytes_view() : TensorView{};
   const TensorView plan_ws = prefill_workspace_.bytes() > 0 ? prefill_workspace_.bytes_view() : TensorView{};
-  const std::string who = std::string("MhaBackend.") + op;
 
   // The step's attention as at most two op calls: a prefill over the leading extend rows
   // and a decode over the trailing one-query rows (all of them for decode steps).
@@ -658,21 +705,44 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   };
 
   // Everything is checked before anything is written: a rejected call leaves the cache,
-  // the outputs and this backend as they were.
+  // the outputs and this backend as they were. The ops' metadata are the step's: their
+  // errors name the batch fields they came from (the cache is only known here).
+  const std::string table_arg = T == 0 || md.groups.empty()
+                                    ? "batch.req_to_page (this step's page-table rows)"
+                                    : "batch.group_tables['" + layer_group(layer, md).group_id + "']";
+  auto as_user_args = [&](const char* op, auto&& check) {
+    with_user_args(op,
+                   {{"q", "q"}, {"out", "out"}, {"k_cache", "k_cache"}, {"v_cache", "v_cache"},
+                    {"page_table", table_arg}, {"seq_lens", "batch.seq_lens"},
+                    {"cu_seqlens_q", "batch.extend_seq_lens_cpu"}, {"sinks", "layer.sinks"}},
+                   check);
+  };
   if (plan.t_pre > 0) {
     prefill_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& cu, int mq,
                      const TensorView& orr) {
-      detail::check_batch_prefill(who.c_str(), qr, kv.k_cache, kv.v_cache, tr, sl, cu, config_.page_size, mq, orr,
-                                  params, {}, plan_ws);
+      as_user_args("batch_prefill", [&] {
+        detail::check_batch_prefill("batch_prefill", qr, kv.k_cache, kv.v_cache, tr, sl, cu, config_.page_size, mq,
+                                    orr, params, {}, plan_ws);
+      });
     });
   }
   if (plan.n_dec > 0) {
     decode_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& orr) {
-      detail::check_batch_decode(who.c_str(), qr, kv.k_cache, kv.v_cache, tr, sl, config_.page_size, plan.dec_q_len,
-                                 orr, params, {}, workspace);
+      as_user_args("batch_decode", [&] {
+        detail::check_batch_decode("batch_decode", qr, kv.k_cache, kv.v_cache, tr, sl, config_.page_size,
+                                   plan.dec_q_len, orr, params, {}, workspace);
+      });
     });
   }
-  if (save) append_kv(k3, v3, kv.k_cache, kv.v_cache, loc.slice(0, 0, T), config_.page_size, k_scale, v_scale, s);
+  if (save) {
+    with_user_args("append_kv",
+                   {{"k", "k"}, {"v", "v"}, {"k_cache", "k_cache"}, {"v_cache", "v_cache"},
+                    {"out_cache_loc", "out_cache_loc"}, {"k_scale", "layer.k_scale"}, {"v_scale", "layer.v_scale"}},
+                   [&] {
+                     append_kv(k3, v3, kv.k_cache, kv.v_cache, loc.slice(0, 0, T), config_.page_size, k_scale,
+                               v_scale, s);
+                   });
+  }
   if (T == 0) return out2;
 
   auto run_prefill = [&](Stream stream) {

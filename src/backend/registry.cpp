@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 
+#include "backend/buffers.h"
 #include "pagedmha/error.h"
 
 namespace pagedmha {
@@ -57,7 +58,13 @@ std::unique_ptr<MhaBackend> create_backend(const std::string& name, const Backen
     for (const std::string& n : registered_backends()) known += (known.empty() ? "" : ", ") + n;
     throw_invalid_argument("create_backend", "name", "one of {" + known + "}", "'" + name + "'");
   }
-  return factory(config);
+  // The backend's errors name create_backend (config errors: "create_backend: config.head_dim: ...").
+  const backend_detail::CallScope call("create_backend");
+  try {
+    return factory(config);
+  } catch (const Error& e) {
+    backend_detail::rethrow_in_call(e, "create_backend");
+  }
 }
 
 }  // namespace pagedmha

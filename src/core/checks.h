@@ -4,9 +4,16 @@
 // leave everything unchanged when the call is rejected. `op` names the caller in errors.
 #pragma once
 
+#include <string>
+
 #include "pagedmha/ops.h"
 
 namespace pagedmha::detail {
+
+/// Throws Error("<op>: <arg>: expected ..., got cuda:N (<why>)") unless `device` is the
+/// CPU or a usable CUDA device of a CUDA build: no CUDA runtime error (with its source
+/// location) reaches the user for a missing driver, device or CUDA support.
+void check_device_usable(const std::string& op, const std::string& arg, Device device);
 
 void check_batch_decode(const char* op, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                         const TensorView& page_table, const TensorView& seq_lens, int page_size, int q_len_per_req,

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/checks.h"
 #include "pagedmha/error.h"
 #if PAGEDMHA_WITH_CUDA
 #include "cuda/cuda_ops.h"
@@ -26,6 +27,20 @@ bool cuda_available() {
   return false;
 #endif
 }
+
+namespace detail {
+
+void check_device_usable(const std::string& op, const std::string& arg, Device device) {
+  if (device.is_cpu()) return;
+#if PAGEDMHA_WITH_CUDA
+  const std::string why = cuda::device_unavailable(device.index);
+  if (!why.empty()) throw_invalid_argument(op, arg, "a usable CUDA device", device.str() + " (" + why + ")");
+#else
+  throw_invalid_argument(op, arg, "cpu (this build has no CUDA support)", device.str());
+#endif
+}
+
+}  // namespace detail
 
 #if !PAGEDMHA_WITH_CUDA
 namespace {

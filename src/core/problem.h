@@ -58,7 +58,7 @@ struct AttentionProblem {
   const int32_t* cu_seqlens_q = nullptr;  // prefill: [batch + 1]
   int max_q_len = 0;                      // prefill: host bound; decode: q_len_per_req
 
-  // Math (SEMANTICS.md section 1).
+  // Math (docs/semantics.md section 1).
   float bmm1_scale = 1.0f;
   float bmm2_scale = 1.0f;
   int window_left = -1;

@@ -1,4 +1,4 @@
-// Exact CPU attention over a paged cache (SEMANTICS.md section 1), shared by decode
+// Exact CPU attention over a paged cache (docs/semantics.md section 1), shared by decode
 // (uniform query lengths) and prefill (ragged). fp32 everywhere, output rounded once.
 //
 // Work item: one request, one KV head, a block of its query rows with all G query heads
@@ -155,7 +155,7 @@ PAGEDMHA_CPU_CLONES void run_item(const AttentionProblem& p, const WorkItem& w, 
         scores(qv, sc.k.data(), a, e, D, s);
         float block_max = kNegInf;
         for (int jj = a; jj < e; ++jj) {
-          // Overflowing logits count as kMaxLogit (SEMANTICS): no inf - inf, same as CUDA.
+          // Overflowing logits count as kMaxLogit (docs/semantics.md section 8.1): no inf - inf, same as CUDA.
           float x = std::fmin(p.bmm1_scale * s[jj], kMaxLogit);
           if (cap > 0.0f) x = cap * std::tanh(x / cap);  // soft-cap before masking
           s[jj] = x;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/problem.h"
 
@@ -37,6 +38,9 @@ void validate_slots(const detail::AppendKvProblem& p);
 
 // runtime (common/runtime.cu): thin checked wrappers over the CUDA runtime.
 int device_count();  // 0 when no driver / device
+/// Why cuda:device_index cannot be used, as one phrase without source paths ("no CUDA
+/// device is visible"); empty when it can.
+std::string device_unavailable(int device_index);
 void* malloc_device(std::size_t bytes, int device_index);
 void free_device(void* ptr);
 void memcpy_async(void* dst, const void* src, std::size_t bytes, void* stream);

@@ -1,4 +1,4 @@
-// The independent fp64 reference of pagedmha (SEMANTICS.md sections 1-3, 6).
+// The independent fp64 reference of pagedmha (docs/semantics.md sections 1-3, 6).
 //
 // Deliberately naive: dense loops, explicit masks, every input decoded to double.
 // It shares no code with src/ and includes no pagedmha header, so a bug in the
@@ -140,7 +140,7 @@ inline void store(Format f, double x, void* p) {
 }
 
 // ---------------------------------------------------------------------------------
-// Attention (SEMANTICS.md section 1), one request at a time.
+// Attention (docs/semantics.md section 1), one request at a time.
 
 struct AttentionSpec {
   int num_q_heads = 1, num_kv_heads = 1, head_dim = 64;
@@ -209,7 +209,7 @@ inline void attention(const AttentionSpec& s, int n, int L, const double* q, con
 }
 
 // ---------------------------------------------------------------------------------
-// Paged-cache and metadata rules (SEMANTICS.md sections 2, 3, 6). Tables are
+// Paged-cache and metadata rules (docs/semantics.md sections 2, 3, 6). Tables are
 // row-major int32 [rows, cols].
 
 inline int64_t slot_of(const int32_t* table_row, int64_t pos, int page_size) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -261,6 +263,16 @@ struct AttnCase {
   uint64_t seed = 1;
   bool keep_values = true;  // false: skip the decoded per-request K/V copies (benchmarks)
 };
+
+/// A case prints as its name with every character but [A-Za-z0-9_] as '_': the
+/// parameterised suites' test names (::testing::PrintToStringParamName) and the
+/// "GetParam() = ..." of gtest's listings (a 248-byte dump otherwise).
+inline void PrintTo(const AttnCase& c, std::ostream* os) {
+  std::string s = c.name;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  *os << s;
+}
 
 struct Reference {
   std::vector<double> o;    // [rows, Hq, D]

@@ -13,6 +13,11 @@
 
 #include "oracle/paged_problem.h"
 
+namespace pagedmha {
+/// A DType parameter prints as its name ("bf16"): test names and gtest's listings.
+inline void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
+}  // namespace pagedmha
+
 namespace ptest {
 
 // ---------------------------------------------------------------------------------

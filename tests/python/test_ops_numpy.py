@@ -70,7 +70,7 @@ def ulp(ref, dtype):
 
 
 # ---------------------------------------------------------------------------------------
-# Attention reference (SEMANTICS.md section 1), fp64, dense loops over requests
+# Attention reference (docs/semantics.md section 1), fp64, dense loops over requests
 
 
 def ref_attention(q, k_slots, v_slots, page_table, seq_lens, rows, page_size, *,

@@ -92,6 +92,26 @@ def test_rates_and_slug():
         M.elem_bytes("int4")
 
 
+def test_report_paths_are_repository_relative():
+    repo = REPO.resolve()
+    far = repo.parent.parent / "pagedmha_nowhere" / "out"  # two levels above the repository
+    assert M.repo_relative(str(repo / "bench" / "results" / "x.json"), repo) == "bench/results/x.json"
+    assert M.repo_relative(str(far / "r.json"), repo) == "r.json"
+    assert M.repo_relative("", repo) == ""
+    if repo.parent != Path(repo.anchor):  # beside the repository: our CI's ../shared/traces
+        assert M.repo_relative(str(repo.parent / "shared" / "t.csv"), repo) == "../shared/t.csv"
+    assert (M.repo_relative_command(["python3", str(repo / "bench" / "bench_attention.py"), "--prefill",
+                                     "--out-dir", str(far), f"--json={far}/r.json"], repo)
+            == "python3 bench/bench_attention.py --prefill --out-dir out --json=r.json")
+
+
+def test_committed_reports_name_no_absolute_path():
+    for f in sorted((REPO / "bench" / "results").glob("*.json")):
+        doc = json.loads(f.read_text())
+        words = str(doc.get("command") or "").split() + [str((doc.get("options") or {}).get("trace") or "")]
+        assert not [w for w in words if w.split("=")[-1].startswith("/")], f.name
+
+
 # --- Records and targets ----------------------------------------------------------------
 
 def rec(impl, op="decode", model="llama3-8b", batch=64, ctx=4096, q_len=1, page=16,
@@ -363,8 +383,8 @@ def test_replay_table_and_plot_link(tmp_path):
     assert cells_of(text, "decode-only steps TB/s")[a] == "3.43"
     assert cells_of(text, "decode-only steps / read ceiling")[a] == "0.75 of 4.6 TB/s"
     # No decode-only steps: no bandwidth figure is made up from the 0.0 in the file.
-    assert cells_of(text, "decode-only steps TB/s")[b] == "- (no decode-only steps)"
-    assert cells_of(text, "decode-only steps / read ceiling")[b] == "-"
+    assert cells_of(text, "decode-only steps TB/s")[b] == "n/a (no decode-only steps)"
+    assert cells_of(text, "decode-only steps / read ceiling")[b] == "n/a (no decode-only steps)"
     assert cells_of(text, "extend steps TFLOP/s")[a] == "17.1"
     assert cells_of(text, "whole-trace roofline ratio")[a] == "0.180"
     assert cells_of(text, "backend metadata host us / step")[a] == "18.5 (decode steps 16.3)"
@@ -391,8 +411,8 @@ def test_replay_check_mismatch_and_missing_ceilings(tmp_path):
     doc["check"] = {"ok": False, "failure": "step 7: relative L2 error 0.5 > 1e-02"}
     text = render_dir(tmp_path, {"cpu-replay-x.json": doc})
     assert cells_of(text, "checks")[0] == "**MISMATCH**: step 7: relative L2 error 0.5 > 1e-02"
-    assert cells_of(text, "whole-trace roofline ratio")[0] == "-"
-    assert cells_of(text, "decode-only steps / read ceiling")[0] == "-"
+    assert cells_of(text, "whole-trace roofline ratio")[0] == "n/a (no roofline ceilings)"
+    assert cells_of(text, "decode-only steps / read ceiling")[0] == "n/a (no roofline ceilings)"
 
 
 def test_backend_overhead_table_marks_the_target(tmp_path):
@@ -436,15 +456,19 @@ def test_replay_shapes_plan_and_a_file_without_target_shapes():
 
 # --- scripts/plot_replay.py ---------------------------------------------------------------
 
-def _report(steps, dry_run):
+def _report(steps, dry_run, live=False):
     cols = {k: [] for k in ("step", "rows", "extend_rows", "decode_rows", "tokens", "kv_tokens", "attention_us",
                             "floor_us", "bytes", "flops", "running", "waiting")}
     cols["pages_in_use"] = [[]]
+    if live:  # reports since the live / prefix-cache split; older ones lack the column
+        cols["live_pages"] = [[]]
     for i in range(steps):
         for k in cols:
-            if k != "pages_in_use":
+            if k not in ("pages_in_use", "live_pages"):
                 cols[k].append(0 if dry_run and k == "attention_us" else i + 1)
         cols["pages_in_use"][0].append(10 + i)
+        if live:
+            cols["live_pages"][0].append(5 + i)
     cols["stride"] = 1
     null = None if dry_run or steps == 0 else 1.0
     return {"tool": "pagedmha replay", "device": "cpu", "truncated": steps == 0,
@@ -456,12 +480,13 @@ def _report(steps, dry_run):
             "steps": cols}
 
 
-@pytest.mark.parametrize("steps,dry_run", [(0, False), (0, True), (5, True), (5, False)])
-def test_plot_replay_draws_dry_run_and_zero_step_reports(tmp_path, steps, dry_run):
+@pytest.mark.parametrize("steps,dry_run,live", [(0, False, False), (0, True, False), (5, True, False),
+                                               (5, False, False), (5, False, True)])
+def test_plot_replay_draws_dry_run_and_zero_step_reports(tmp_path, steps, dry_run, live):
     pytest.importorskip("matplotlib")
     import subprocess
     rep = tmp_path / "r.json"
-    rep.write_text(json.dumps(_report(steps, dry_run)))
+    rep.write_text(json.dumps(_report(steps, dry_run, live)))
     png = tmp_path / "r.png"
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_replay.py"), "-o", str(png), str(rep)],
                        capture_output=True, text=True)

@@ -51,7 +51,7 @@ class Paged:
 
 def ref_attention(q, k_slots, v_slots, page_table, seq_lens, rows, page_size, *, bmm1_scale=1.0,
                   bmm2_scale=1.0, window_left=-1, logits_soft_cap=0.0, sinks=None, causal=True):
-    """SEMANTICS.md section 1 in fp64 with plain torch; rows: per request (first_row, n)."""
+    """docs/semantics.md section 1 in fp64 with plain torch; rows: per request (first_row, n)."""
     q = q.double()
     hq, hkv = q.shape[1], k_slots.shape[1]
     out = torch.zeros_like(q)

@@ -141,6 +141,29 @@ nlohmann::json run_shape(const Shape& s, Device dev, int iters, int repeats) {
   return rec;
 }
 
+// The default results folder: <build>/bench/results, <build> being the CMake build folder
+// that holds this executable (its nearest ancestor with a CMakeCache.txt), else
+// ./bench-results. Never the source tree: results are committed by hand.
+std::string default_out_dir() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  for (fs::path d = exe.parent_path(); !ec && !d.empty() && d != d.root_path(); d = d.parent_path()) {
+    if (fs::exists(d / "CMakeCache.txt", ec)) return (d / "bench" / "results").string();
+  }
+  return "bench-results";
+}
+
+// Rows of the table on stdout: the header names every column (times in us, rates in TB/s
+// for decode, TFLOP/s for prefill).
+constexpr const char* kRowFormat = "%-8s %-12s %5s %6s %6s %4s %-4s %11s  %s\n";
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
 std::string git_commit() {
   std::string out;
   if (FILE* p = popen("git -C '" PAGEDMHA_SOURCE_DIR "' rev-parse HEAD 2>/dev/null", "r")) {
@@ -162,7 +185,8 @@ void add_bench_options(CLI::App& app, BenchOptions& o) {
   app.add_option("--repeats", o.repeats, "Repeats; the median is reported")->check(CLI::Range(1, 1 << 30));
   app.add_option("--scale", o.scale, "Divide every ctx / S by this (CUDA default 1, CPU 16: the CPU is slow)")
       ->check(CLI::Range(1, 1 << 30));
-  app.add_option("--out-dir", o.out_dir, "Results folder (default: <source>/bench/results)");
+  app.add_option("--out-dir", o.out_dir,
+                 "Results folder, created when missing (default: <build folder>/bench/results, else ./bench-results)");
 }
 
 int bench_main(const BenchOptions& o) {
@@ -178,7 +202,7 @@ int bench_main(const BenchOptions& o) {
   for (const std::string& m : models) geometries.push_back(geometry(m));
   const Device dev = parse_device(o.device);
   // The results folder is made (and checked writable) before minutes of measuring.
-  const std::string dir = o.out_dir.empty() ? std::string(PAGEDMHA_SOURCE_DIR) + "/bench/results" : o.out_dir;
+  const std::string dir = o.out_dir.empty() ? default_out_dir() : o.out_dir;
   {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
@@ -217,12 +241,15 @@ int bench_main(const BenchOptions& o) {
                                                    {"gemm_bf16_tflops", c.bf16_tflops}}
                                   : nlohmann::json(nullptr);
   j["records"] = nlohmann::json::array();
+  std::printf(kRowFormat, "op", "model", "batch", "ctx", "q_len", "page", "kv", "time_us", "rate");
   for (const Shape& s : shapes) {
     nlohmann::json rec = run_shape(s, dev, iters, o.repeats);
-    std::printf("%-8s %-12s b%-4d ctx%-6d q%-5d p%-3d %-4s %10.1f us  %s\n", s.op.c_str(), s.g.name.c_str(), s.batch,
-                s.ctx, s.q_len, s.page_size, rec["kv_dtype"].get<std::string>().c_str(), rec["time_us"].get<double>(),
-                rec.contains("tbps") ? (std::to_string(rec["tbps"].get<double>()) + " TB/s").c_str()
-                                     : (std::to_string(rec["tflops"].get<double>()) + " TFLOP/s").c_str());
+    const std::string rate = rec.contains("tbps") ? fmt("%.4f TB/s", rec["tbps"].get<double>())
+                                                  : fmt("%.4f TFLOP/s", rec["tflops"].get<double>());
+    std::printf(kRowFormat, s.op.c_str(), s.g.name.c_str(), std::to_string(s.batch).c_str(),
+                std::to_string(s.ctx).c_str(), std::to_string(s.q_len).c_str(), std::to_string(s.page_size).c_str(),
+                rec["kv_dtype"].get<std::string>().c_str(), fmt("%.1f", rec["time_us"].get<double>()).c_str(),
+                rate.c_str());
     std::fflush(stdout);
     j["records"].push_back(std::move(rec));
   }

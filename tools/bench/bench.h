@@ -17,7 +17,7 @@ struct BenchOptions {
   int iters = -1;        // timed iterations per repeat (CUDA default 50, CPU 2)
   int repeats = 5;       // median of repeats
   int scale = -1;        // divide ctx / S by this (CUDA default 1, CPU 16)
-  std::string out_dir;   // default <source>/bench/results
+  std::string out_dir;   // default <build folder>/bench/results (else ./bench-results)
 };
 
 void add_bench_options(CLI::App& app, BenchOptions& options);

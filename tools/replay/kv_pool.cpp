@@ -13,6 +13,7 @@ PagePool::PagePool(int64_t num_pages) {
     throw_invalid_argument("replay", "--pages", "2..2^31-1 pages per cache group (page 0 is reserved)",
                            std::to_string(num_pages));
   refcount_.assign(num_pages, 0);
+  cache_refs_.assign(num_pages, 0);
   refcount_[0] = 1;  // the dummy page is permanently held
   free_.reserve(num_pages - 1);
   for (int64_t p = num_pages - 1; p >= 1; --p) free_.push_back(static_cast<int32_t>(p));
@@ -26,18 +27,24 @@ int32_t PagePool::allocate() {
   return page;
 }
 
-void PagePool::retain(int32_t page) {
+void PagePool::retain(int32_t page, bool by_cache) {
   if (page <= 0 || page >= num_pages() || refcount_[page] <= 0)
     throw Error("PagePool::retain: page: expected a held page in [1, " +
                 std::to_string(num_pages()) + "), got " + std::to_string(page));
+  const bool was = cache_only(page);
   ++refcount_[page];
+  if (by_cache) ++cache_refs_[page];
+  cache_only_ += int64_t{cache_only(page)} - int64_t{was};
 }
 
-void PagePool::release(int32_t page) {
-  if (page <= 0 || page >= num_pages() || refcount_[page] <= 0)
-    throw Error("PagePool::release: page: expected a held page in [1, " +
-                std::to_string(num_pages()) + "), got " + std::to_string(page));
+void PagePool::release(int32_t page, bool by_cache) {
+  if (page <= 0 || page >= num_pages() || refcount_[page] <= 0 || (by_cache && cache_refs_[page] <= 0))
+    throw Error("PagePool::release: page: expected a page held" + std::string(by_cache ? " by the cache" : "") +
+                " in [1, " + std::to_string(num_pages()) + "), got " + std::to_string(page));
+  const bool was = cache_only(page);
+  if (by_cache) --cache_refs_[page];
   if (--refcount_[page] == 0) free_.push_back(page);
+  cache_only_ += int64_t{cache_only(page)} - int64_t{was};
 }
 
 PrefixCache::PrefixCache(std::vector<PagePool>* pools, int page_size)
@@ -98,7 +105,7 @@ bool PrefixCache::insert(const std::vector<int64_t>& hash_ids, int block,
   for (size_t g = 0; g < pools_->size(); ++g) {
     for (int i = 0; i < pages_per_block_; ++i) {
       const int32_t page = pages[g].at(static_cast<size_t>(block) * pages_per_block_ + i);
-      (*pools_)[g].retain(page);  // throws for a released (0) page
+      (*pools_)[g].retain(page, /*by_cache=*/true);  // throws for a released (0) page
       n.pages[g].push_back(page);
     }
   }
@@ -134,7 +141,7 @@ int64_t PrefixCache::evict(int group, int64_t wanted) {
     const auto victim = nodes_.find(leaf->second);
     leaves_.erase(leaf);
     for (size_t g = 0; g < pools_->size(); ++g)
-      for (int32_t page : victim->second.pages[g]) (*pools_)[g].release(page);
+      for (int32_t page : victim->second.pages[g]) (*pools_)[g].release(page, /*by_cache=*/true);
     freed += static_cast<int64_t>(victim->second.pages[group].size());
     if (victim->second.parent != 0) {
       Node& parent = nodes_.at(victim->second.parent);

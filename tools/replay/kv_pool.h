@@ -22,17 +22,27 @@ class PagePool {
   int64_t capacity() const { return num_pages() - 1; }
   int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
   int64_t used_pages() const { return capacity() - free_pages(); }
+  /// Used pages that only the prefix cache holds (no request references them).
+  int64_t cache_only_pages() const { return cache_only_; }
+  /// Used pages a request references (used_pages() - cache_only_pages()).
+  int64_t live_pages() const { return used_pages() - cache_only_; }
   int32_t refcount(int32_t page) const { return refcount_.at(page); }
 
   /// A free page with refcount 1, or 0 when none is free.
   int32_t allocate();
-  void retain(int32_t page);
-  /// Drops one reference; throws Error for page 0 or a page that is not held.
-  void release(int32_t page);
+  /// Adds a reference; `by_cache`: the prefix cache's.
+  void retain(int32_t page, bool by_cache = false);
+  /// Drops one reference (`by_cache`: one the prefix cache took); throws Error for page 0
+  /// or a page that is not held (by the cache, when by_cache).
+  void release(int32_t page, bool by_cache = false);
 
  private:
+  bool cache_only(int32_t page) const { return cache_refs_[page] > 0 && cache_refs_[page] == refcount_[page]; }
+
   std::vector<int32_t> free_;  // stack, lowest ids on top first
   std::vector<int32_t> refcount_;
+  std::vector<int32_t> cache_refs_;  // the prefix cache's share of refcount_
+  int64_t cache_only_ = 0;
 };
 
 /// Cached full prompt blocks (kHashBlockTokens tokens each), keyed by the chain of

@@ -7,7 +7,7 @@
 namespace pagedmha::tools {
 
 /// One cache group: layers that share a page table ("full_attention" or
-/// "sliding_attention", SEMANTICS.md section 6).
+/// "sliding_attention", docs/semantics.md section 6).
 struct CacheGroupSpec {
   std::string name;
   int window_left = -1;  // -1: full attention; pages behind the window are released

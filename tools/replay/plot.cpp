@@ -109,16 +109,21 @@ void check_replay_report(const json& r, const std::string& source) {
   const int64_t n = static_cast<int64_t>(c.numbers(st, "step", "steps.step", -1));
   for (const char* k : {"extend_rows", "tokens", dry_run ? "floor_us" : "attention_us"})
     c.numbers(st, k, std::string("steps.") + k, n);
-  const json* pages = ReportCheck::find(st, "pages_in_use");
-  if (!pages || !pages->is_array() || pages->size() != groups->size())
-    c.fail("steps.pages_in_use", "an array of " + std::to_string(groups->size()) + " (one per cache group)", pages);
-  for (size_t g = 0; g < pages->size(); ++g) {
-    const std::string field = "steps.pages_in_use[" + std::to_string(g) + "]";
-    const json& col = (*pages)[g];
-    if (!col.is_array() || static_cast<int64_t>(col.size()) != n)
-      c.fail(field, "an array of " + std::to_string(n), &col);
-    for (const json& x : col)
-      if (!x.is_number()) c.fail(field, "numbers", &x);
+  // Pages per cache group; live_pages is absent from reports written before it existed.
+  for (const char* key : {"pages_in_use", "live_pages"}) {
+    const json* pages = ReportCheck::find(st, key);
+    if (!pages && std::string(key) == "live_pages") continue;
+    const std::string name = std::string("steps.") + key;
+    if (!pages || !pages->is_array() || pages->size() != groups->size())
+      c.fail(name, "an array of " + std::to_string(groups->size()) + " (one per cache group)", pages);
+    for (size_t g = 0; g < pages->size(); ++g) {
+      const std::string field = name + "[" + std::to_string(g) + "]";
+      const json& col = (*pages)[g];
+      if (!col.is_array() || static_cast<int64_t>(col.size()) != n)
+        c.fail(field, "an array of " + std::to_string(n), &col);
+      for (const json& x : col)
+        if (!x.is_number()) c.fail(field, "numbers", &x);
+    }
   }
 }
 

@@ -24,6 +24,7 @@
 #include "replay/executor.h"
 #include "replay/token_data.h"
 #include "replay/trace.h"
+#include "report_paths.h"
 
 namespace pagedmha::tools {
 namespace {
@@ -358,6 +359,7 @@ ReplayResult run_replay(const ReplayOptions& given) {
       }
     }
     rec.pages_in_use = sched.used_pages();
+    rec.live_pages = sched.live_pages();
     if (check) {
       ++res.check.steps_checked;
       for (size_t i = 0; i < points.size(); ++i) {
@@ -455,7 +457,9 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
   j["gpu"] = c.gpu.empty() ? json(nullptr) : json(c.gpu);
   j["executor"] = r.executor;
   j["truncated"] = r.truncated;  // stopped by --time-limit / --max-steps: the summary covers the steps run
-  j["options"] = {{"trace", o.trace.empty() ? "built-in" : o.trace}, {"format", o.format}, {"requests", o.requests},
+  // Repository-relative, as in the command: never a path of the machine that ran.
+  const std::string trace = o.trace.empty() ? "built-in" : repo_relative(o.trace, PAGEDMHA_SOURCE_DIR);
+  j["options"] = {{"trace", trace}, {"format", o.format}, {"requests", o.requests},
                   {"model", o.model}, {"kv_dtype", o.kv_dtype}, {"page_size", o.page_size},
                   {"pages_per_group", r.pages_per_group}, {"token_budget", o.token_budget},
                   {"max_running", o.max_running}, {"spec_tokens", o.spec_tokens}, {"accept_rate", o.accept_rate},
@@ -497,7 +501,8 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
       {"ratio_decode_read_ceiling", ratio(dec_tbps * 1e12 / read_bps)},
       {"ratio_tflops_ceiling", ratio(tflops * 1e12 / flops_ps)},
       {"ratio_extend_tflops_ceiling", ratio(ext_tflops * 1e12 / flops_ps)},
-      {"peak_pages", s.peak_pages},
+      {"peak_pages", s.peak_pages},  // pages in use, prefix-cache-only ones included
+      {"peak_live_pages", s.peak_live_pages}, {"peak_prefix_cache_pages", s.peak_prefix_cache_pages},
       {"prefix_hit_rate", s.prefix_lookup_tokens ? double(s.prefix_hit_tokens) / s.prefix_lookup_tokens : 0.0},
       {"prefix_hit_tokens", s.prefix_hit_tokens}, {"preemptions", s.preemptions},
       {"wall_time_s", r.wall_s}};
@@ -512,8 +517,12 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
                          "metadata_us", "prepare_us", "schedule_us", "floor_us", "bytes", "flops", "running",
                          "waiting"};
   for (const char* n : names) cols[n] = json::array();
-  cols["pages_in_use"] = json::array();
-  for (size_t g = 0; g < r.model.groups.size(); ++g) cols["pages_in_use"].push_back(json::array());
+  cols["pages_in_use"] = json::array();  // per group, prefix-cache-only pages included
+  cols["live_pages"] = json::array();    // per group, pages running requests reference
+  for (size_t g = 0; g < r.model.groups.size(); ++g) {
+    cols["pages_in_use"].push_back(json::array());
+    cols["live_pages"].push_back(json::array());
+  }
   const auto round2 = [](double x) { return std::round(x * 100.0) / 100.0; };
   for (int64_t i = 0; i < steps; ++i) {
     if (i % stride != 0 && i != steps - 1) continue;
@@ -526,6 +535,7 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
     cols["bytes"].push_back(st.bytes), cols["flops"].push_back(st.flops);
     cols["running"].push_back(st.running), cols["waiting"].push_back(st.waiting);
     for (size_t g = 0; g < st.pages_in_use.size(); ++g) cols["pages_in_use"][g].push_back(st.pages_in_use[g]);
+    for (size_t g = 0; g < st.live_pages.size(); ++g) cols["live_pages"][g].push_back(st.live_pages[g]);
   }
   j["steps"] = std::move(cols);
   return j;
@@ -538,7 +548,22 @@ std::string replay_summary(const ReplayResult& r) {
   auto line = [&](const std::string& k, const std::string& v) {
     out << "  " << k << std::string(k.size() < 34 ? 34 - k.size() : 1, ' ') << v << "\n";
   };
-  auto num = [](const nlohmann::json& v, const char* f) { return v.is_null() ? std::string("-") : fmt(f, v.get<double>()); };
+  // A row that does not apply says why instead of a bare "-".
+  const bool cpu = r.device.is_cpu(), dry = r.options.dry_run, roofline = !s["ceilings"].is_null();
+  const int64_t steps = s["steps"].get<int64_t>(), dec_steps = s["decode_steps"].get<int64_t>();
+  const std::string no_roofline = cpu ? "n/a on CPU (no roofline ceilings: --ceiling-read-tbps, --ceiling-tflops)"
+                                      : "n/a (no roofline ceilings)";
+  auto why = [&](bool needs_roofline, int64_t kind_steps, const char* kind) -> std::string {
+    if (needs_roofline && !roofline) return no_roofline;
+    if (dry) return "n/a (dry run: nothing is timed)";
+    if (kind_steps == 0) return std::string("n/a (no ") + kind + ")";
+    return "n/a";
+  };
+  auto num = [](const nlohmann::json& v, const char* f, const std::string& na) {
+    return v.is_null() ? na : fmt(f, v.get<double>());
+  };
+  const std::string na_time = why(false, steps, "steps"), na_dec = why(false, dec_steps, "decode-only steps"),
+                    na_ext = why(false, steps - dec_steps, "extend steps");
   out << "pagedmha replay: " << r.model.describe() << "\n";
   line("executor", r.executor);
   line("requests (finished / total)", std::to_string(r.finished) + " / " + std::to_string(r.requests) +
@@ -546,38 +571,60 @@ std::string replay_summary(const ReplayResult& r) {
   line("steps", std::to_string(r.steps.size()));
   line("prompt / output tokens", std::to_string(r.prompt_tokens) + " / " + std::to_string(r.output_tokens));
   line("prefill tokens computed", std::to_string(r.sched.prefill_tokens));
-  line("attention time total", num(s["attention_time_s"], "%.4f s"));
-  line("attention time per step", num(s["attention_time_per_step_us"], "%.1f us"));
-  line("attention time per output token", num(s["attention_time_per_generated_token_us"], "%.2f us"));
-  line("backend metadata host per step", num(s["backend_metadata_host_time_per_step_us"], "%.1f us") +
-                                              " (decode steps " +
-                                              num(s["backend_metadata_host_time_per_decode_step_us"], "%.1f us") + ")");
-  line("tool host per step (prep / sched)", num(s["tool_prepare_host_time_per_step_us"], "%.1f us") + " / " +
-                                                num(s["tool_scheduler_host_time_per_step_us"], "%.1f us"));
-  line("graph capture (one-off)", num(s["graph_capture_host_time_s"], "%.2f s"));
-  line("achieved bandwidth (all steps)", num(s["achieved_tbps"], "%.4f TB/s"));
-  line("achieved bandwidth (decode steps)", num(s["decode_steps_tbps"], "%.4f TB/s"));
-  line("achieved compute (all steps)", num(s["achieved_tflops"], "%.4f TFLOP/s"));
-  line("achieved compute (extend steps)", num(s["extend_steps_tflops"], "%.4f TFLOP/s"));
-  line("ratio to read ceiling (decode)", num(s["ratio_decode_read_ceiling"], "%.3f"));
-  line("ratio to TFLOP/s ceiling (extend)", num(s["ratio_extend_tflops_ceiling"], "%.3f"));
+  line("attention time total", num(s["attention_time_s"], "%.4f s", na_time));
+  line("attention time per step", num(s["attention_time_per_step_us"], "%.1f us", na_time));
+  line("attention time per output token", num(s["attention_time_per_generated_token_us"], "%.2f us", na_time));
+  line("backend metadata host per step",
+       num(s["backend_metadata_host_time_per_step_us"], "%.1f us", na_time) +
+           (dry || dec_steps == 0 ? ""
+                                  : " (decode steps " +
+                                        num(s["backend_metadata_host_time_per_decode_step_us"], "%.1f us", na_dec) +
+                                        ")"));
+  line("tool host per step (prep / sched)", num(s["tool_prepare_host_time_per_step_us"], "%.1f us", na_time) +
+                                                " / " + num(s["tool_scheduler_host_time_per_step_us"], "%.1f us", ""));
+  line("graph capture (one-off)", cpu                      ? "n/a on CPU (CUDA graphs run on the GPU only)"
+                                  : !r.options.cuda_graphs ? "n/a (--no-cuda-graphs)"
+                                                           : num(s["graph_capture_host_time_s"], "%.2f s", na_time));
+  line("achieved bandwidth (all steps)", num(s["achieved_tbps"], "%.4f TB/s", na_time));
+  line("achieved bandwidth (decode steps)", num(s["decode_steps_tbps"], "%.4f TB/s", na_dec));
+  line("achieved compute (all steps)", num(s["achieved_tflops"], "%.4f TFLOP/s", na_time));
+  line("achieved compute (extend steps)", num(s["extend_steps_tflops"], "%.4f TFLOP/s", na_ext));
+  line("ratio to read ceiling (decode)",
+       num(s["ratio_decode_read_ceiling"], "%.3f", why(true, dec_steps, "decode-only steps")));
+  line("ratio to TFLOP/s ceiling (extend)",
+       num(s["ratio_extend_tflops_ceiling"], "%.3f", why(true, steps - dec_steps, "extend steps")));
   line("K/V + Q + O bytes / flops", fmt("%.4g TB", s["bytes"].get<double>() / 1e12) + " / " +
                                         fmt("%.4g PFLOP", s["flops"].get<double>() / 1e15));
-  line("roofline floor (decode / extend)", num(s["roofline_floor_s"], "%.3f s") + " (" +
-                                               num(s["roofline_floor_decode_steps_s"], "%.3f s") + " / " +
-                                               num(s["roofline_floor_extend_steps_s"], "%.3f s") + ")");
-  line("roofline ratio (whole trace)", num(s["ratio_roofline"], "%.3f") + " (decode steps " +
-                                           num(s["ratio_roofline_decode_steps"], "%.3f") + ", extend steps " +
-                                           num(s["ratio_roofline_extend_steps"], "%.3f") + ")");
-  std::string peaks;
-  for (size_t g = 0; g < r.sched.peak_pages.size(); ++g)
-    peaks += (g ? ", " : "") + r.model.groups[g].name + " " + std::to_string(r.sched.peak_pages[g]);
-  line("peak pages (of " + std::to_string(r.pages_per_group - 1) + ")", peaks);
-  line("prefix-cache hit rate", num(s["prefix_hit_rate"], "%.4f"));
+  line("roofline floor (decode / extend)", !roofline ? no_roofline
+                                                     : num(s["roofline_floor_s"], "%.3f s", "") + " (" +
+                                                           num(s["roofline_floor_decode_steps_s"], "%.3f s", "") +
+                                                           " / " +
+                                                           num(s["roofline_floor_extend_steps_s"], "%.3f s", "") + ")");
+  line("roofline ratio (whole trace)",
+       !roofline || dry ? why(true, steps, "steps")
+                        : num(s["ratio_roofline"], "%.3f", na_time) + " (decode steps " +
+                              num(s["ratio_roofline_decode_steps"], "%.3f", na_dec) + ", extend steps " +
+                              num(s["ratio_roofline_extend_steps"], "%.3f", na_ext) + ")");
+  // Pages in use include prompt blocks only the prefix cache still holds (it gives them up
+  // on demand): the live pages, those running requests reference, are the pool pressure.
+  auto per_group = [&](const std::vector<int64_t>& v) {
+    std::string text;
+    for (size_t g = 0; g < v.size(); ++g) text += (g ? ", " : "") + r.model.groups[g].name + " " + std::to_string(v[g]);
+    return text;
+  };
+  line("peak pages live (of " + std::to_string(r.pages_per_group - 1) + ")", per_group(r.sched.peak_live_pages));
+  line("peak pages, prefix cache only", per_group(r.sched.peak_prefix_cache_pages));
+  line("peak pages in use (live + cache)", per_group(r.sched.peak_pages));
+  line("prefix-cache hit rate", !r.options.prefix_cache          ? "n/a (--no-prefix-cache)"
+                                : r.sched.prefix_lookup_tokens == 0 ? "n/a (no block hashes in the trace)"
+                                                                    : num(s["prefix_hit_rate"], "%.4f", ""));
   line("preemptions", std::to_string(r.sched.preemptions));
   line("checks (steps / rows, max rel err)",
-       std::to_string(r.check.steps_checked) + " / " + std::to_string(r.check.rows_checked) + ", " +
-           fmt("%.3g", r.check.max_rel_err) + (r.check.ok ? " ok" : " MISMATCH"));
+       dry                          ? "n/a (dry run: no attention to check)"
+       : r.options.check_every == 0 ? "n/a (--check-every 0)"
+                                    : std::to_string(r.check.steps_checked) + " / " +
+                                          std::to_string(r.check.rows_checked) + ", " +
+                                          fmt("%.3g", r.check.max_rel_err) + (r.check.ok ? " ok" : " MISMATCH"));
   line("wall time", fmt("%.2f s", r.wall_s));
   return out.str();
 }

@@ -74,7 +74,8 @@ struct StepRecord {
   double capture_s = 0.0;   // host: CUDA-graph capture (first use of a batch size)
   double bytes = 0.0;       // K/V read for visible keys + Q + O, all layers
   double flops = 0.0;       // 4 * Hq * D * visible pairs, all layers
-  std::vector<int64_t> pages_in_use;  // per group
+  std::vector<int64_t> pages_in_use;  // per group, pages only the prefix cache holds included
+  std::vector<int64_t> live_pages;    // per group, pages running requests reference
   int64_t running = 0, waiting = 0;
 };
 

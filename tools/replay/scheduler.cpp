@@ -85,6 +85,8 @@ Scheduler::Scheduler(const ModelSpec& model, const SchedulerConfig& config,
     waiting_.insert(static_cast<int>(p));
   }
   stats_.peak_pages.assign(pools_.size(), 0);
+  stats_.peak_live_pages.assign(pools_.size(), 0);
+  stats_.peak_prefix_cache_pages.assign(pools_.size(), 0);
 }
 
 uint64_t Scheduler::token_stream(int r, int position) const {
@@ -105,6 +107,12 @@ std::vector<int64_t> Scheduler::used_pages() const {
   std::vector<int64_t> used;
   for (const PagePool& p : pools_) used.push_back(p.used_pages());
   return used;
+}
+
+std::vector<int64_t> Scheduler::live_pages() const {
+  std::vector<int64_t> live;
+  for (const PagePool& p : pools_) live.push_back(p.live_pages());
+  return live;
 }
 
 bool Scheduler::ensure_pages(int r, int kv_len) {
@@ -308,8 +316,11 @@ StepPlan Scheduler::schedule() {
   for (const RowPlan& row : plan.rows)
     for (int pos = row.prefix_len; pos < row.seq_len; ++pos)
       plan.tokens.push_back({token_stream(row.request, pos), pos, 0});
-  for (size_t g = 0; g < groups; ++g)
+  for (size_t g = 0; g < groups; ++g) {
     stats_.peak_pages[g] = std::max(stats_.peak_pages[g], pools_[g].used_pages());
+    stats_.peak_live_pages[g] = std::max(stats_.peak_live_pages[g], pools_[g].live_pages());
+    stats_.peak_prefix_cache_pages[g] = std::max(stats_.peak_prefix_cache_pages[g], pools_[g].cache_only_pages());
+  }
   return plan;
 }
 
@@ -369,9 +380,10 @@ void Scheduler::check_invariants() const {
       for (int32_t page : st.pages[g]) ++refs[g][page];
     }
   }
+  const std::vector<std::vector<int64_t>> request_refs = refs;
   if (cache_) cache_->count_references(refs);
   for (size_t g = 0; g < pools_.size(); ++g) {
-    int64_t used = 0;
+    int64_t used = 0, live = 0;
     for (int64_t p = 1; p < pools_[g].num_pages(); ++p) {
       if (refs[g][p] != pools_[g].refcount(static_cast<int32_t>(p)))
         throw Error("replay: invariant: page " + std::to_string(p) + " of group " +
@@ -379,7 +391,12 @@ void Scheduler::check_invariants() const {
                     std::to_string(pools_[g].refcount(static_cast<int32_t>(p))) + " but " +
                     std::to_string(refs[g][p]) + " holders (leak or double free)");
       used += refs[g][p] > 0;
+      live += request_refs[g][p] > 0;
     }
+    if (live != pools_[g].live_pages())
+      throw Error("replay: invariant: group " + model_.groups[g].name + " counts " +
+                  std::to_string(pools_[g].live_pages()) + " live pages, requests reference " +
+                  std::to_string(live));
     if (used != pools_[g].used_pages())
       throw Error("replay: invariant: group " + model_.groups[g].name + " counts " +
                   std::to_string(pools_[g].used_pages()) + " used pages, holders reference " +

@@ -78,7 +78,9 @@ struct SchedulerStats {
   int64_t decode_tokens = 0;         // query tokens of decode rows
   int64_t generated_tokens = 0;
   int64_t accepted_draft_tokens = 0;
-  std::vector<int64_t> peak_pages;   // per group
+  std::vector<int64_t> peak_pages;   // per group: pages in use, prefix-cache-only ones included
+  std::vector<int64_t> peak_live_pages;         // per group: pages running requests reference
+  std::vector<int64_t> peak_prefix_cache_pages; // per group: pages only the prefix cache holds
 };
 
 class Scheduler {
@@ -109,6 +111,8 @@ class Scheduler {
   int64_t finished() const { return finished_; }
   /// Pages in use per group (including those only the prefix cache holds).
   std::vector<int64_t> used_pages() const;
+  /// Pages running requests reference, per group (used_pages() less the prefix cache's own).
+  std::vector<int64_t> live_pages() const;
   /// Pages that running requests and the cache reference, per group: checks that no
   /// page is leaked (used == referenced) and that page 0 is nowhere. Throws on a violation.
   void check_invariants() const;

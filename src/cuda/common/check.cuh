@@ -10,8 +10,18 @@
 namespace pagedmha::cuda {
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
+  // No driver or device is the user's situation, not a failure of this call: one sentence.
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
+    throw Error(std::string("CUDA is not available: ") +
+                (err == cudaErrorNoDevice ? "no CUDA device is visible"
+                                          : "no CUDA driver is loaded, or it is older than this build's CUDA runtime"));
+  }
+  // The file's name only: an absolute build path says nothing to the user.
+  const char* base = file;
+  for (const char* c = file; *c; ++c)
+    if (*c == '/') base = c + 1;
   throw Error(std::string("CUDA error: ") + what + " returned " + cudaGetErrorName(err) + " (" +
-              cudaGetErrorString(err) + ") at " + file + ":" + std::to_string(line));
+              cudaGetErrorString(err) + ") at " + base + ":" + std::to_string(line));
 }
 
 }  // namespace pagedmha::cuda

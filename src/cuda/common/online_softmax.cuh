@@ -62,7 +62,7 @@ struct SoftmaxRows {
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       mx = fmaxf(m[h], mx * scale);  // scale > 0: max commutes with it
-      // A logit overflowing to +inf counts as FLT_MAX (SEMANTICS): the reference stays
+      // A logit overflowing to +inf counts as FLT_MAX (docs/semantics.md section 8.1): the reference stays
       // finite and the clamp below gives such keys exp2(0) = 1 instead of inf - inf.
       ref[h] = mx == -INFINITY ? 0.0f : fminf(ceilf(mx), FLT_MAX);
       alpha[h] = ex2(m[h] - ref[h]);  // exact: 0, 2^-k or 1 (ftz: 0 below 2^-126)

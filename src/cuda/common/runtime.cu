@@ -18,10 +18,28 @@ int device_count() {
   return n;
 }
 
+std::string device_unavailable(int device_index) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) cudaGetLastError();
+  if (err == cudaErrorInsufficientDriver) {
+    return "no CUDA driver is loaded, or it is older than this build's CUDA runtime";
+  }
+  if (err == cudaErrorNoDevice || (err == cudaSuccess && n == 0)) return "no CUDA device is visible";
+  if (err != cudaSuccess) return std::string("the CUDA runtime cannot start (") + cudaGetErrorString(err) + ")";
+  if (device_index < 0 || device_index >= n) {
+    return std::to_string(n) + " CUDA device(s) are visible, cuda:0..cuda:" + std::to_string(n - 1);
+  }
+  return "";
+}
+
 void* malloc_device(std::size_t bytes, int device_index) {
   int previous = 0;
-  PAGEDMHA_CUDA_CHECK(cudaGetDevice(&previous));
-  PAGEDMHA_CUDA_CHECK(cudaSetDevice(device_index));
+  if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device_index) != cudaSuccess) {
+    cudaGetLastError();
+    throw Error("Buffer: device: expected a usable CUDA device, got cuda:" + std::to_string(device_index) + " (" +
+                device_unavailable(device_index) + ")");
+  }
   void* ptr = nullptr;
   const cudaError_t err = cudaMalloc(&ptr, bytes);
   cudaSetDevice(previous);

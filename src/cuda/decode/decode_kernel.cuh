@@ -4,7 +4,7 @@
 //
 // Work items: (request, KV head, row chunk, split). A request's split count depends only
 // on its own visible key count (decode_split), never on the batch, so a request gives
-// bitwise the same result in any batch (CUDA-graph padding, SEMANTICS.md section 4).
+// bitwise the same result in any batch (CUDA-graph padding, docs/semantics.md section 4).
 // Three launches, all sized from shapes and the device only (graph-safe):
 //   1. decode_plan_kernel (1 CTA): exclusive prefix of work items per request;
 //   2. decode_kernel: a persistent grid (CTAs that fit the GPU at once) loops over the

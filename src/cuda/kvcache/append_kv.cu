@@ -1,4 +1,4 @@
-// append_kv: K[out_cache_loc[t]] = k[t], V[out_cache_loc[t]] = v[t] (SEMANTICS.md section 2).
+// append_kv: K[out_cache_loc[t]] = k[t], V[out_cache_loc[t]] = v[t] (docs/semantics.md section 2).
 // bf16/fp16 caches get a plain copy; an fp8 e4m3 cache stores saturate_rne(x / scale).
 // One thread moves one 16-byte vector of the cache (8 x 16-bit or 16 x fp8) for both K
 // and V; a scalar variant covers views whose pointers or strides break 16-byte alignment.

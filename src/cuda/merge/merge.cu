@@ -1,4 +1,4 @@
-// merge_attention_states on CUDA (docs/semantics.md, "Merging"). Memory-bound: each
+// merge_attention_states on CUDA (docs/semantics.md section 8.6). Memory-bound: each
 // (row, head) item is served by D / kVec threads of one block, each moving one 16-byte
 // vector of every part's row (coalesced along D) and of the output. Every thread of an
 // item computes the weights exp(lse_i - M) itself from the item's K lse values (cached

@@ -1,4 +1,4 @@
-// gather_page_table_with_padding (SEMANTICS.md section 3):
+// gather_page_table_with_padding (docs/semantics.md section 3):
 // out[r, c] = req_to_page[req_pool_indices[r], c] for c < ceil(seq_lens[r] / P), 0 (the
 // dummy page) for the other c < cols; rows >= bs untouched. One CTA per row; graph-safe
 // (grid from bs, lengths read on the device).

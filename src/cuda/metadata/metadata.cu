@@ -1,4 +1,4 @@
-// The small metadata helpers (SEMANTICS.md sections 3 and 6): prefix sums of lengths,
+// The small metadata helpers (docs/semantics.md sections 3 and 6): prefix sums of lengths,
 // the speculative-verify clamp and the write slots of decode / verify / extend steps.
 // All graph-safe: grids depend only on host sizes, lengths are read on the device,
 // nothing is allocated or copied to the host.

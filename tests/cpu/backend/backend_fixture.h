@@ -89,7 +89,7 @@ struct Layer {
   bool fp8() const { return k.dtype == DType::fp8_e4m3; }
 
   /// Oracle output [n, Hq, D] of queries q[rows] of one request with KV length L read
-  /// through `table_row`; causal bottom-right as in SEMANTICS.md section 1.
+  /// through `table_row`; causal bottom-right as in docs/semantics.md section 1.
   std::vector<double> reference(const std::vector<double>& q, int n, int L, const int32_t* table_row) {
     const int Hkv = spec.num_kv_heads, D = spec.head_dim;
     std::vector<double> kk(static_cast<size_t>(std::max(L, 1)) * Hkv * D), vv(kk.size());

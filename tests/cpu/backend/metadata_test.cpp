@@ -1,5 +1,5 @@
 // Metadata and routing rules of MhaBackend with hand-computed expected values
-// (SEMANTICS.md sections 3-6), on the CPU.
+// (docs/semantics.md sections 3-6), on the CPU.
 #include <gtest/gtest.h>
 
 #include "backend_fixture.h"

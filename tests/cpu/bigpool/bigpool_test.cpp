@@ -1,4 +1,4 @@
-// A pool above 2^31 elements with page ids above 65,535 (SEMANTICS.md section 2):
+// A pool above 2^31 elements with page ids above 65,535 (docs/semantics.md section 2):
 // fp8, Hkv = 1, D = 64, page 256, 131,136 pages (2.15e9 elements per buffer).
 // The pool is a lazily backed anonymous mapping: only the pages the test writes
 // are resident. Each page gets its own V pattern (its id in base-64 digits), and the

@@ -179,15 +179,12 @@ TEST_P(AttentionGrid, MatchesOracle) {
   EXPECT_TRUE(check_attention(p, p.reference()));
 }
 
-std::string case_name(const ::testing::TestParamInfo<AttnCase>& info) {
-  std::string s = info.param.name;
-  for (auto& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s;
-}
-
-INSTANTIATE_TEST_SUITE_P(Decode, AttentionGrid, ::testing::ValuesIn(decode_cases()), case_name);
-INSTANTIATE_TEST_SUITE_P(Verify, AttentionGrid, ::testing::ValuesIn(verify_cases()), case_name);
-INSTANTIATE_TEST_SUITE_P(Prefill, AttentionGrid, ::testing::ValuesIn(all_prefill_cases()), case_name);
+// Test names are the cases' names (PrintTo in paged_problem.h).
+INSTANTIATE_TEST_SUITE_P(Decode, AttentionGrid, ::testing::ValuesIn(decode_cases()),
+                         ::testing::PrintToStringParamName());
+INSTANTIATE_TEST_SUITE_P(Verify, AttentionGrid, ::testing::ValuesIn(verify_cases()),
+                         ::testing::PrintToStringParamName());
+INSTANTIATE_TEST_SUITE_P(Prefill, AttentionGrid, ::testing::ValuesIn(all_prefill_cases()),
+                         ::testing::PrintToStringParamName());
 
 }  // namespace

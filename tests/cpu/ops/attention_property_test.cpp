@@ -141,7 +141,7 @@ TEST_P(VerifyVsDecodes, SameRows) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDtypes, VerifyVsDecodes, ::testing::Values(DType::bf16, DType::fp16, DType::fp8_e4m3),
-                         [](const auto& info) { return std::string(pagedmha::dtype_name(info.param)); });
+                         ::testing::PrintToStringParamName());
 
 // --- prefill == chunked prefill with prefix == prefill then decodes -------------------
 
@@ -187,7 +187,10 @@ TEST_P(PrefillChunks, SameRows) {
   EXPECT_TRUE(same_lse(p.lse, 0, mixed.lse, 0, S));
 }
 
-INSTANTIATE_TEST_SUITE_P(Windows, PrefillChunks, ::testing::Values(-1, 31));
+INSTANTIATE_TEST_SUITE_P(Windows, PrefillChunks, ::testing::Values(-1, 31),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param < 0 ? std::string("no_window") : "window" + std::to_string(info.param);
+                         });
 
 // --- batch independence ------------------------------------------------------------
 
@@ -250,6 +253,9 @@ struct BatchCase {
   int n;  // decode q_len_per_req
 };
 
+// "decode3" (q_len_per_req 3) or "prefill": the test names and gtest's listings.
+void PrintTo(const BatchCase& c, std::ostream* os) { *os << (c.decode ? "decode" + std::to_string(c.n) : "prefill"); }
+
 class BatchIndependence : public ::testing::TestWithParam<BatchCase> {};
 
 AttnProblem batch_problem(const BatchCase& bc) {
@@ -290,9 +296,7 @@ TEST_P(BatchIndependence, PermutingRequestsPermutesOutputs) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, BatchIndependence,
                          ::testing::Values(BatchCase{true, 1}, BatchCase{true, 3}, BatchCase{false, 0}),
-                         [](const auto& info) {
-                           return info.param.decode ? "decode" + std::to_string(info.param.n) : std::string("prefill");
-                         });
+                         ::testing::PrintToStringParamName());
 
 // --- extreme logits, sinks, empty sets, scales ---------------------------------------
 
@@ -341,7 +345,7 @@ TEST_P(FarBelowSentinel, OutputIsTheArgmaxValue) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, FarBelowSentinel, ::testing::Values(DType::bf16, DType::fp16),
-                         [](const auto& info) { return std::string(pagedmha::dtype_name(info.param)); });
+                         ::testing::PrintToStringParamName());
 
 TEST(Sinks, MinusInfinityZeroTwentyAndExtremes) {
   AttnCase c = base_case();

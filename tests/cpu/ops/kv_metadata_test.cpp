@@ -25,6 +25,12 @@ struct AppendCase {
   bool fused_src;  // k and v slices of one fused QKV buffer
 };
 
+// "bf16_to_fp8_e4m3_hnd4_fused": the test names and gtest's listings.
+void PrintTo(const AppendCase& c, std::ostream* os) {
+  *os << pagedmha::dtype_name(c.src) << "_to_" << pagedmha::dtype_name(c.cache) << "_" << layout_name(c.layout)
+      << (c.fused_src ? "_fused" : "");
+}
+
 class AppendKv : public ::testing::TestWithParam<AppendCase> {};
 
 /// True when `got` is a correctly rounded e4m3 encoding of x (the library divides in
@@ -135,10 +141,7 @@ INSTANTIATE_TEST_SUITE_P(
                       AppendCase{DType::bf16, DType::fp8_e4m3, CacheLayout::nhd3, false},
                       AppendCase{DType::fp16, DType::fp8_e4m3, CacheLayout::hnd4, true},
                       AppendCase{DType::bf16, DType::fp8_e4m3, CacheLayout::interleaved, false}),
-    [](const auto& info) {
-      return std::string(pagedmha::dtype_name(info.param.src)) + "_to_" + pagedmha::dtype_name(info.param.cache) + "_" +
-             layout_name(info.param.layout) + (info.param.fused_src ? "_fused" : "");
-    });
+    ::testing::PrintToStringParamName());
 
 TEST(Fp8RoundTrip, WithinE4m3Rounding) {
   // Quantise through append_kv, dequantise (stored * scale): within half an e4m3 ulp

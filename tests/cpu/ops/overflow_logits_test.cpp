@@ -1,4 +1,4 @@
-// Finite inputs whose logits overflow fp32 (SEMANTICS: overflowing logits): a logit
+// Finite inputs whose logits overflow fp32 (docs/semantics.md section 8.1, overflowing logits): a logit
 // that overflows to +inf counts as the largest logit FLT_MAX * ln 2, so the output is
 // the mean V of those keys and lse is finite; never NaN. Hand-computed expectations.
 #include <gtest/gtest.h>

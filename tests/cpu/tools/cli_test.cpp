@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,15 +23,18 @@
 #include "bench/bench.h"
 #include "cli.h"
 #include "pagedmha/error.h"
+#include "replay/plot.h"
 #include "replay/replay.h"
+#include "report_paths.h"
 
 namespace pt = pagedmha::tools;
 namespace fs = std::filesystem;
 
 namespace {
 
-int cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "pagedmha");
+// Runs the CLI; `program`: put "pagedmha" in front (else args[0] is the program name).
+int cli(std::vector<std::string> args, bool program = true) {
+  if (program) args.insert(args.begin(), "pagedmha");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   return pt::run_cli(static_cast<int>(argv.size()), argv.data());
@@ -241,6 +245,62 @@ TEST(BenchCli, MissingOutDirIsCreated) {
   EXPECT_FALSE(fs::is_empty(dir));
 }
 
+// The table on stdout starts with a header naming every column of the rows below it.
+TEST(BenchCli, PrintsColumnHeaders) {
+  pt::BenchOptions o;
+  o.device = "cpu", o.ops = "decode", o.models = "llama3-8b";
+  o.iters = 1, o.repeats = 1, o.scale = 256;
+  o.out_dir = scratch("headers").string();
+  testing::internal::CaptureStdout();
+  const int rc = pt::bench_main(o);
+  const std::string out = testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, 0);
+  std::istringstream lines(out);
+  std::string header, row;
+  std::getline(lines, header);
+  std::getline(lines, row);
+  auto words = [](const std::string& s) {
+    std::istringstream in(s);
+    std::vector<std::string> w;
+    for (std::string x; in >> x;) w.push_back(x);
+    return w;
+  };
+  EXPECT_EQ(words(header), (std::vector<std::string>{"op", "model", "batch", "ctx", "q_len", "page", "kv", "time_us", "rate"}))
+      << out;
+  // The first shape: decode of llama3-8b, batch 1 / 4 -> 1, ctx 32768 / 256, one query, page 16, bf16.
+  const std::vector<std::string> w = words(row);
+  ASSERT_EQ(w.size(), 10u) << row;  // the rate has its unit
+  EXPECT_EQ(std::vector<std::string>(w.begin(), w.begin() + 7),
+            (std::vector<std::string>{"decode", "llama3-8b", "1", "128", "1", "16", "bf16"}))
+      << row;
+  EXPECT_EQ(w[9], "TB/s") << row;
+  // Each header word ends where its column ends (right-aligned numbers) or starts (left-aligned names).
+  EXPECT_EQ(header.find("batch") + 5, row.find(" 1 ") + 2) << header << "\n" << row;
+}
+
+// Without --out-dir the JSON goes under the build folder (the nearest ancestor of the
+// program with a CMakeCache.txt), never into the source tree.
+TEST(BenchCli, DefaultOutDirIsUnderTheBuildFolder) {
+  pt::BenchOptions o;
+  o.device = "cpu", o.ops = "prefill", o.models = "gemma";
+  o.iters = 1, o.repeats = 1, o.scale = 256;
+  testing::internal::CaptureStdout();
+  const int rc = pt::bench_main(o);
+  const std::string out = testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, 0);
+  const std::size_t at = out.rfind("wrote ");
+  ASSERT_NE(at, std::string::npos) << out;
+  fs::path file = out.substr(at + 6);
+  while (!file.empty() && file.string().back() == '\n') file = file.string().substr(0, file.string().size() - 1);
+  ASSERT_TRUE(fs::is_regular_file(file)) << file;
+  const fs::path dir = fs::canonical(file.parent_path());
+  EXPECT_EQ(dir.filename(), "results");
+  EXPECT_EQ(dir.parent_path().filename(), "bench");
+  EXPECT_TRUE(fs::exists(dir.parent_path().parent_path() / "CMakeCache.txt")) << dir;
+  EXPECT_NE(dir, fs::weakly_canonical(fs::path(PAGEDMHA_SOURCE_DIR) / "bench" / "results"));
+  fs::remove(file);
+}
+
 // File names go to Python as argv, never through a shell.
 TEST(PlotCli, ReportNameIsNotInterpretedByAShell) {
   const fs::path pwned = scratch("pwned");
@@ -296,8 +356,46 @@ TEST(ReplayCli, ReportRecordsCommandAndCommit) {
   EXPECT_EQ(j["commit"], "feedbee");
   EXPECT_EQ(j["command"], "pagedmha replay --device cpu --model custom --layers 1 --q-heads 1 --kv-heads 1 "
                           "--head-dim 64 --requests 2 --check-every 0 --max-steps 1 --no-progress --quiet --json " +
-                              json.string());
+                              pt::repo_relative(json.string(), PAGEDMHA_SOURCE_DIR));
+  // Never the machine's absolute path (a temporary folder: "cmd.json").
+  EXPECT_EQ(j["command"].get<std::string>().find(json.string()), std::string::npos);
   EXPECT_FALSE(pt::build_commit().empty());
+}
+
+// Reports record paths relative to the repository, never the machine's absolute paths.
+TEST(ReportPaths, RepositoryRelative) {
+  const std::string src = PAGEDMHA_SOURCE_DIR;
+  const fs::path parent = fs::path(src).parent_path();
+  const std::string far = (parent.parent_path() / "pagedmha_nowhere" / "out").string();  // two levels up
+  EXPECT_EQ(pt::repo_relative(src + "/tests/fuzz/corpus/azure/small.csv", src), "tests/fuzz/corpus/azure/small.csv");
+  EXPECT_EQ(pt::repo_relative(src + "/build/cpu/../../bench/results", src), "bench/results");
+  if (parent != parent.root_path()) {  // a folder beside the repository (our CI's ../shared/traces)
+    EXPECT_EQ(pt::repo_relative((parent / "shared/traces/conv.jsonl").string(), src), "../shared/traces/conv.jsonl");
+  }
+  EXPECT_EQ(pt::repo_relative(far + "/r.json", src), "r.json");
+  EXPECT_EQ(pt::repo_relative("", src), "");
+  EXPECT_EQ(pt::repo_relative_word("--json=" + far + "/r.json", src), "--json=r.json");
+  EXPECT_EQ(pt::repo_relative_word(src + "/build/cpu/tools/pagedmha", src), "build/cpu/tools/pagedmha");
+  EXPECT_EQ(pt::repo_relative_word("cuda", src), "cuda");
+  EXPECT_EQ(pt::repo_relative_word("--device=cpu", src), "--device=cpu");
+}
+
+TEST(ReplayCli, ReportRecordsRepositoryRelativePaths) {
+  const std::string src = PAGEDMHA_SOURCE_DIR;
+  const fs::path json = scratch("paths.json");
+  const std::string trace = src + "/tests/fuzz/corpus/azure/small.csv";
+  ASSERT_EQ(cli({src + "/build/cpu/tools/pagedmha", "replay", "--device", "cpu", "--trace", trace, "--model", "custom",
+                 "--layers", "1", "--q-heads", "1", "--kv-heads", "1", "--head-dim", "64", "--check-every", "0",
+                 "--max-steps", "1", "--no-progress", "--quiet", "--json=" + json.string()}, /*program=*/false),
+            0);
+  std::ifstream f(json);
+  ASSERT_TRUE(f);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["options"]["trace"], "tests/fuzz/corpus/azure/small.csv");
+  EXPECT_EQ(j["command"], "build/cpu/tools/pagedmha replay --device cpu --trace tests/fuzz/corpus/azure/small.csv "
+                          "--model custom --layers 1 --q-heads 1 --kv-heads 1 --head-dim 64 --check-every 0 "
+                          "--max-steps 1 --no-progress --quiet --json=" +
+                              pt::repo_relative(json.string(), src));  // outside: "paths.json"
 }
 
 // Prompt tokens served from the prefix cache count as done: a complete run ends at 100%.
@@ -479,6 +577,9 @@ TEST(PlotCli, BrokenReportsAreOneLineErrorsNamingTheField) {
   j["steps"]["pages_in_use"][0].erase(0);
   cases.push_back({j, "steps.pages_in_use[0] an array of 2, got an array of 1"});
   j = good;
+  j["steps"]["live_pages"][0].erase(0);
+  cases.push_back({j, "steps.live_pages[0] an array of 2, got an array of 1"});
+  j = good;
   j["summary"]["prefix_hit_rate"] = "high";
   cases.push_back({j, "summary.prefix_hit_rate a number, got a string"});
   cases.push_back({nlohmann::json::array(), "its fields in an object, got an array of 0"});
@@ -491,6 +592,10 @@ TEST(PlotCli, BrokenReportsAreOneLineErrorsNamingTheField) {
     EXPECT_EQ(lines(err), 1) << err;
     EXPECT_EQ(err.find("Traceback"), std::string::npos) << err;
   }
+  // Reports written before live_pages existed are still plotted.
+  j = good;
+  j["steps"].erase("live_pages");
+  EXPECT_NO_THROW(pt::check_replay_report(j, "old.json"));
   // A file cut short is not JSON: one line, naming where the parse failed.
   const std::string text = good.dump();
   const fs::path cut = scratch("cut.json");

@@ -98,6 +98,63 @@ TEST(Replay, HybridWindowSinksVerifyFp8WithPreemption) {
   EXPECT_GT(r.sched.accepted_draft_tokens, 0);
 }
 
+// The table names why a row does not apply instead of a bare "-", and splits peak pages
+// into live ones (running requests) and those only the prefix cache holds.
+TEST(Replay, TableMarksRowsThatDoNotApplyAndSplitsPeakPages) {
+  pt::ReplayOptions o = small();
+  o.check_every = 0;
+  const pt::ReplayResult r = pt::run_replay(o);
+  const std::string t = pt::replay_summary(r);
+  auto row = [&](const std::string& label) {
+    const std::size_t at = t.find("  " + label);
+    if (at == std::string::npos) return std::string("missing");
+    const std::size_t end = t.find('\n', at);
+    std::string v = t.substr(at + 2 + label.size(), end - at - 2 - label.size());
+    return v.substr(v.find_first_not_of(' '));
+  };
+  const std::string no_ceiling = "n/a on CPU (no roofline ceilings: --ceiling-read-tbps, --ceiling-tflops)";
+  EXPECT_EQ(row("ratio to read ceiling (decode)"), no_ceiling) << t;
+  EXPECT_EQ(row("ratio to TFLOP/s ceiling (extend)"), no_ceiling) << t;
+  EXPECT_EQ(row("roofline floor (decode / extend)"), no_ceiling) << t;
+  EXPECT_EQ(row("roofline ratio (whole trace)"), no_ceiling) << t;
+  EXPECT_EQ(row("graph capture (one-off)"), "n/a on CPU (CUDA graphs run on the GPU only)") << t;
+  EXPECT_EQ(row("checks (steps / rows, max rel err)"), "n/a (--check-every 0)") << t;
+  EXPECT_EQ(t.find(" - "), std::string::npos) << t;
+  EXPECT_EQ(t.find(" -\n"), std::string::npos) << t;
+  const std::string name = r.model.groups[0].name + " ";
+  EXPECT_EQ(row("peak pages live (of 511)"), name + std::to_string(r.sched.peak_live_pages[0])) << t;
+  EXPECT_EQ(row("peak pages, prefix cache only"), name + std::to_string(r.sched.peak_prefix_cache_pages[0])) << t;
+  EXPECT_EQ(row("peak pages in use (live + cache)"), name + std::to_string(r.sched.peak_pages[0])) << t;
+
+  // The report adds the split (older readers keep peak_pages and pages_in_use).
+  const nlohmann::json j = pt::replay_report_json(r);
+  const auto& s = j["summary"];
+  EXPECT_EQ(s["peak_pages"], r.sched.peak_pages);
+  EXPECT_EQ(s["peak_live_pages"], r.sched.peak_live_pages);
+  EXPECT_EQ(s["peak_prefix_cache_pages"], r.sched.peak_prefix_cache_pages);
+  const auto& st = j["steps"];
+  ASSERT_EQ(st["live_pages"].size(), r.model.groups.size());
+  ASSERT_EQ(st["live_pages"][0].size(), st["step"].size());
+  int64_t live_peak = 0;
+  for (size_t i = 0; i < st["step"].size(); ++i) {
+    EXPECT_LE(st["live_pages"][0][i].get<int64_t>(), st["pages_in_use"][0][i].get<int64_t>());
+    live_peak = std::max(live_peak, st["live_pages"][0][i].get<int64_t>());
+  }
+  EXPECT_LE(live_peak, r.sched.peak_live_pages[0]);
+  EXPECT_GE(r.sched.peak_pages[0], r.sched.peak_live_pages[0]);
+}
+
+// Dry runs and steps of one kind say so.
+TEST(Replay, DryRunTableSaysNothingIsTimed) {
+  pt::ReplayOptions o = small();
+  o.dry_run = true;
+  o.check_every = -1;
+  const std::string t = pt::replay_summary(pt::run_replay(o));
+  EXPECT_NE(t.find("attention time total              n/a (dry run: nothing is timed)"), std::string::npos) << t;
+  EXPECT_NE(t.find("checks (steps / rows, max rel err) n/a (dry run: no attention to check)"), std::string::npos) << t;
+  EXPECT_EQ(t.find(" - "), std::string::npos) << t;
+}
+
 TEST(Check, EveryOpPassesOnTheCpu) {
   pt::CheckOptions o;
   o.device = "cpu";

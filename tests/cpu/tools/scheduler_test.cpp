@@ -30,6 +30,28 @@ TEST(PagePool, NeverHandsOutPageZeroAndRefcounts) {
   EXPECT_EQ(pool.allocate(), 3);
 }
 
+// Pages only the prefix cache holds are told apart from live ones (a request's).
+TEST(PagePool, CountsPagesOnlyTheCacheHolds) {
+  pt::PagePool pool(5);
+  const int32_t p = pool.allocate();
+  EXPECT_EQ(pool.live_pages(), 1);
+  pool.retain(p, /*by_cache=*/true);  // the request finished a prompt block
+  EXPECT_EQ(pool.cache_only_pages(), 0);
+  pool.release(p);  // the request finished
+  EXPECT_EQ(pool.used_pages(), 1);
+  EXPECT_EQ(pool.cache_only_pages(), 1);
+  EXPECT_EQ(pool.live_pages(), 0);
+  pool.retain(p);  // another request matched the block
+  EXPECT_EQ(pool.cache_only_pages(), 0);
+  EXPECT_EQ(pool.live_pages(), 1);
+  pool.release(p);
+  pool.release(p, /*by_cache=*/true);  // evicted
+  EXPECT_EQ(pool.used_pages(), 0);
+  EXPECT_EQ(pool.cache_only_pages(), 0);
+  const int32_t q = pool.allocate();
+  EXPECT_THROW(pool.release(q, /*by_cache=*/true), pagedmha::Error);  // the cache holds no reference
+}
+
 TEST(PrefixCache, SharesLeadingBlocksAndEvictsOnlyUnreferencedLeaves) {
   std::vector<pt::PagePool> pools;
   pools.emplace_back(1 + 8 * 4);
@@ -160,6 +182,25 @@ TEST(Scheduler, PrefixCacheSkipsSharedBlocks) {
   EXPECT_EQ(b_prefix, 1024);  // two shared full blocks
   EXPECT_EQ(s.stats().prefix_hit_tokens, 1024);
   EXPECT_EQ(s.used_pages()[0], 2 * 512 / 64);  // the cache holds a's two full blocks
+}
+
+// a's two full prompt blocks (16 pages of 64 tokens) stay in the cache while b, which
+// shares none of them, runs: they count as in use but not as live.
+TEST(Scheduler, PeakPagesSplitLiveAndPrefixCacheOnly) {
+  pt::Request a{0.0, 1100, 4, {10, 11, 12}}, b{0.1, 1100, 4, {20, 21, 22}};
+  pt::SchedulerConfig c;
+  c.page_size = 64;
+  c.num_pages = 200;
+  c.token_budget = 4096;
+  c.max_running = 1;  // b is admitted after a finished
+  pt::Scheduler s(small_model(-1), c, {a, b});
+  drive(s);
+  const pt::SchedulerStats& st = s.stats();
+  EXPECT_EQ(st.peak_live_pages[0], 18);          // ceil(1103 / 64): one request's KV at its last step
+  EXPECT_EQ(st.peak_prefix_cache_pages[0], 16);  // a's blocks while b runs
+  EXPECT_EQ(st.peak_pages[0], 18 + 16);
+  EXPECT_EQ(s.live_pages()[0], 0);               // both finished: only the cache holds pages
+  EXPECT_EQ(s.used_pages()[0], 32);
 }
 
 TEST(Scheduler, SlidingGroupReleasesPagesBehindTheWindow) {

@@ -1,4 +1,4 @@
-// CUDA-graph capture of MhaBackend decode, verify and block-draft steps (SEMANTICS.md
+// CUDA-graph capture of MhaBackend decode, verify and block-draft steps (docs/semantics.md
 // section 4): captured in cudaStreamCaptureModeGlobal for padded batch sizes
 // {1, 2, 8, 64, 256}, replayed >= 50 times with changing lengths and page tables; real
 // rows must be bitwise equal to eager runs (padded and unpadded), padded rows finite.
@@ -23,6 +23,9 @@ constexpr int Hq = 8, Hkv = 2, D = 128, P = 16, C = 1024, kMaxBs = 256, kCols = 
 constexpr int kPages = 1 + kMaxBs * kCols;
 
 enum class Kind { decode, verify, block_draft };
+void PrintTo(Kind k, std::ostream* os) {
+  *os << (k == Kind::decode ? "decode" : k == Kind::verify ? "verify" : "block_draft");
+}
 
 struct Dev {
   Buffer buf;
@@ -162,9 +165,7 @@ TEST_P(BackendGraph, ReplaysMatchEagerBitwise) {
 }
 
 std::string name(const ::testing::TestParamInfo<std::tuple<Kind, int>>& info) {
-  const Kind k = std::get<0>(info.param);
-  return std::string(k == Kind::decode ? "decode" : k == Kind::verify ? "verify" : "block_draft") + "_bs" +
-         std::to_string(std::get<1>(info.param));
+  return ::testing::PrintToString(std::get<0>(info.param)) + "_bs" + std::to_string(std::get<1>(info.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(Steps, BackendGraph,

@@ -101,7 +101,10 @@ TEST_P(BackendWorkspace, SizedUpFrontForEveryBatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, BackendWorkspace, ::testing::Values(0, 1, 2));
+INSTANTIATE_TEST_SUITE_P(Modes, BackendWorkspace, ::testing::Values(0, 1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::string(info.param == 0 ? "decode" : info.param == 1 ? "verify" : "block_draft");
+                         });
 
 TEST(BackendWorkspaceErrors, EngineWorkspaceTooSmallAndUnsizedBackend) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";

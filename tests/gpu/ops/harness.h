@@ -143,7 +143,7 @@ inline void check_case(AttnCase c, int num_splits = 0, const Tolerance* tol = nu
   EXPECT_TRUE(tol ? check_attention(p, p.reference(), *tol) : check_attention(p, p.reference()));
 }
 
-/// Logits that overflow fp32 (SEMANTICS: overflowing logits): q = 1, keys of slot s are
+/// Logits that overflow fp32 (docs/semantics.md section 8.1): q = 1, keys of slot s are
 /// 1 (logit 64 * 1e37 -> +inf), -1 (-inf) or 0 by s % 3, V = s % 7. The GPU must give no
 /// NaN and match the CPU path, which tests/cpu/ops/overflow_logits_test.cpp pins by hand.
 inline void check_overflowing_logits(AttnCase c, int num_splits = 0) {

@@ -1,0 +1,79 @@
+"""Backend errors name the call the user made and the keyword they passed (issue 12):
+``create_backend(head_dim=96)`` used to report ``decode_workspace_size: head_dim``, and
+``device="cuda"`` without a driver leaked a CUDA runtime call with its source path."""
+
+import numpy as np
+import pytest
+
+import pagedmha as pm
+
+P, CONTEXT = 4, 64
+
+
+def test_create_backend_names_itself_and_the_keyword():
+    with pytest.raises(pm.Error, match=r"^create_backend: head_dim: expected 64, 128 or 256, got 96$"):
+        pm.create_backend("trtllm", page_size=P, context_len=CONTEXT, num_q_heads=8, num_kv_heads=8,
+                          head_dim=96)
+    with pytest.raises(pm.Error, match=r"^create_backend: page_size: expected >= 1, got 0$"):
+        pm.create_backend("pagedmha", page_size=0, context_len=CONTEXT)
+    with pytest.raises(pm.Error, match=r"^MhaBackend: head_dim: expected 64, 128 or 256, got 96$"):
+        pm.MhaBackend(page_size=P, context_len=CONTEXT, num_q_heads=8, num_kv_heads=8, head_dim=96)
+
+
+def test_device_string_errors_name_create_backend():
+    with pytest.raises(pm.Error, match=r'^create_backend: device: expected device "cpu", "cuda" or '
+                                       r'"cuda:N", got "tpu"$'):
+        pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, device="tpu")
+
+
+@pytest.mark.skipif(pm.cuda_available(), reason="needs a machine without a usable CUDA device")
+def test_cuda_without_device_or_support_is_one_sentence():
+    with pytest.raises(pm.Error) as info:
+        pm.create_backend("trtllm", page_size=P, context_len=CONTEXT, device="cuda")
+    m = str(info.value)
+    if pm.built_with_cuda():
+        assert m.startswith("create_backend: device: expected a usable CUDA device, got cuda:0 (no CUDA"), m
+    else:
+        assert m == ("create_backend: device: expected cpu (this build has no CUDA support), "
+                     "got cuda:0"), m
+    for leak in ("/", ".cu", "cudaGetDevice", "CUDA error", "\n"):
+        assert leak not in m, m
+
+
+def test_register_layers_and_forward_name_the_layer():
+    backend = pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, max_bs=2)
+    bad = pm.LayerSpec(layer_id=3, num_q_heads=4, num_kv_heads=2, head_dim=96, scaling=1.0)
+    with pytest.raises(pm.Error, match=r"^MhaBackend\.register_layers: layers\[0\]\.head_dim: "
+                                       r"expected 64, 128 or 256, got 96$"):
+        backend.register_layers([bad])
+    req_to_page = np.arange(2 * (CONTEXT // P), dtype=np.int32).reshape(2, CONTEXT // P)
+    seq_lens = np.array([3], np.int32)
+    backend.init_forward_metadata(pm.ForwardBatch(
+        forward_mode=pm.ForwardMode.decode, batch_size=1, req_pool_indices=np.array([1], np.int32),
+        seq_lens=seq_lens, req_to_page=req_to_page))
+    q = np.zeros((1, 4 * 96), np.float16)
+    with pytest.raises(pm.Error, match=r"^MhaBackend\.forward_decode: layer\.head_dim: "
+                                       r"expected 64, 128 or 256, got 96$"):
+        backend.forward_decode(q, None, None, bad, np.zeros((64, 2, 96), np.float16),
+                               np.zeros((64, 2, 96), np.float16), None, 1, np.zeros_like(q))
+
+
+def test_init_forward_metadata_names_the_batch_field():
+    backend = pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, max_bs=2)
+    req_to_page = np.zeros((3, CONTEXT // P), np.int32)
+    batch = pm.ForwardBatch(forward_mode=pm.ForwardMode.decode, batch_size=1,
+                            req_pool_indices=np.array([7], np.int32), seq_lens=np.array([3], np.int32),
+                            req_to_page=req_to_page)
+    with pytest.raises(pm.Error) as info:
+        backend.init_forward_metadata(batch)
+    m = str(info.value)
+    assert m.startswith("MhaBackend.init_forward_metadata: batch.req_pool_indices: "), m
+    assert "gather_page_table_with_padding" not in m, m
+
+
+def test_binding_argument_errors_name_the_method():
+    backend = pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, max_bs=2)
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=4, num_kv_heads=2, head_dim=64, scaling=1.0)
+    cache = np.zeros((64, 2, 64), np.float16)
+    with pytest.raises(pm.Error, match=r"^MhaBackend\.forward_decode: q: expected an array"):
+        backend.forward_decode([[1.0]], None, None, layer, cache, cache, None, 1, np.zeros((1, 256), np.float16))
