@@ -7,10 +7,12 @@
 # Every stage runs even when an earlier one failed; the exit status is non-zero when
 # any stage failed.
 #
-#   scripts/gpu.sh [--cpu] [--portable] [--no-tests] [--no-bench] [--no-sanitizer] [--reports]
+#   scripts/gpu.sh [--cpu] [--portable] [--sm89] [--no-tests] [--no-bench] [--no-sanitizer] [--reports]
 #     --cpu           also run the CPU suites (ctest -L cpu)
 #     --portable      also run the GPU suite on the portable (mma.sync) kernels, forced with
 #                     PAGEDMHA_KERNELS=portable (the Hopper kernels run by default on sm_90)
+#     --sm89          also run the GPU suite with PAGEDMHA_KERNELS=sm89: the portable kernels
+#                     in the configurations a GPU with 99 KB of shared memory per CTA gets
 #     --reports       also the backend host-overhead benchmark and the two trace replays
 #                     (traces read from $TRACES, default ../shared/traces)
 #   Environment: OUT (log folder; default build/gpu-out), JOBS (build jobs; default
@@ -21,11 +23,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-run_cpu=0 run_portable=0 run_tests=1 run_bench=1 run_sanitizer=1 run_reports=0
+run_cpu=0 run_portable=0 run_sm89=0 run_tests=1 run_bench=1 run_sanitizer=1 run_reports=0
 for arg in "$@"; do
   case $arg in
     --cpu) run_cpu=1 ;;
     --portable) run_portable=1 ;;
+    --sm89) run_sm89=1 ;;
     --no-bench) run_bench=0 ;;
     --no-tests) run_tests=0 ;;
     --no-sanitizer) run_sanitizer=0 ;;
@@ -135,6 +138,11 @@ if [ -d "$build" ] && [ $run_tests -eq 1 ]; then
   if [ $run_portable -eq 1 ]; then
     export PAGEDMHA_KERNELS=portable
     run_ctest gpu gpu-portable
+    unset PAGEDMHA_KERNELS
+  fi
+  if [ $run_sm89 -eq 1 ]; then
+    export PAGEDMHA_KERNELS=sm89
+    run_ctest gpu gpu-sm89
     unset PAGEDMHA_KERNELS
   fi
   [ $run_cpu -eq 1 ] && run_ctest cpu

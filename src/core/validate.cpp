@@ -7,6 +7,9 @@
 #include <utility>
 
 #include "pagedmha/error.h"
+#if PAGEDMHA_WITH_CUDA
+#include "cuda/common/arch.h"
+#endif
 
 namespace pagedmha::detail {
 
@@ -282,7 +285,15 @@ void ArgCheck::head_dim(int64_t d, const char* arg) const {
 
 void ArgCheck::device_supported(Device dev) const {
 #if PAGEDMHA_WITH_CUDA
-  (void)dev;
+  if (!dev.is_cuda()) return;
+  // cc < 0: no driver or no such device, which the op's CUDA calls report.
+  const int cc = cuda::compute_capability(dev.index);
+  if (cc >= 0 && !cuda::archs_run_on(cuda::built_archs(), cc)) {
+    fail("device",
+         std::string("a GPU this build has kernels for (compute capability 8.0 or newer; PAGEDMHA_CUDA_ARCHS ") +
+             cuda::built_archs() + ")",
+         dev.str() + " of compute capability " + std::to_string(cc / 10) + "." + std::to_string(cc % 10));
+  }
 #else
   if (dev.is_cuda()) fail("device", "cpu (this build has no CUDA support)", dev.str());
 #endif

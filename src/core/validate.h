@@ -58,7 +58,8 @@ class ArgCheck {
   void scalar_finite(float v, const char* arg) const;
   void int_at_least(int64_t v, const char* arg, int64_t min_value) const;
   void head_dim(int64_t d, const char* arg) const;
-  /// Rejects CUDA tensors in a build without CUDA support.
+  /// Rejects CUDA tensors in a build without CUDA support, and GPUs the build has no
+  /// kernels for (older than sm_80, or outside PAGEDMHA_CUDA_ARCHS).
   void device_supported(Device dev) const;
 
   // Value checks of host (CPU) int32 data.

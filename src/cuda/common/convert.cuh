@@ -29,19 +29,37 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+/// Two e4m3 bytes (low byte first) -> one packed fp16 pair, exact; NaN (0x7f / 0xff) ->
+/// 0x7fff. sm_89+: one cvt. Older GPUs have no e4m3 cvt: seeeemmm -> fp16 s0eeeemmm0000000
+/// is the value times 2^-8 (subnormals too) and one fp16x2 multiply by 2^8 (exact) fixes
+/// the exponent bias; the NaN code, which reads as 480 that way, is patched to 0x7fff as
+/// the cvt gives.
+__device__ __forceinline__ uint32_t fp8x2_to_half2_bits(uint16_t v) {
+#if __CUDA_ARCH__ >= 890
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+#else
+  const uint32_t x = __byte_perm(v, 0u, 0x1404u);  // (0, b0, 0, b1): each half b << 8
+  const uint32_t y = (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u);
+  const uint32_t k = 0x5c005c00u;  // fp16 (256, 256)
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&y), *reinterpret_cast<const __half2*>(&k));
+  const uint32_t nan = __vcmpeq2(x & 0x7f007f00u, 0x7f007f00u);  // 0xffff in each NaN half
+  return (*reinterpret_cast<const uint32_t*>(&r) & ~nan) | (0x7fff7fffu & nan);
+#endif
+}
+
 /// Two e4m3 bytes (low byte first) -> one packed pair of T.
 template <class T>
 __device__ __forceinline__ uint32_t fp8x2_to(uint16_t v);
 
 template <>
 __device__ __forceinline__ uint32_t fp8x2_to<__half>(uint16_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+  return fp8x2_to_half2_bits(v);
 }
 
 template <>
 __device__ __forceinline__ uint32_t fp8x2_to<__nv_bfloat16>(uint16_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
+  const uint32_t h = fp8x2_to_half2_bits(v);
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
   return pack2<__nv_bfloat16>(f.x, f.y);
 }

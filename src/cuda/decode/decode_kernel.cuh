@@ -20,6 +20,7 @@
 #include <atomic>
 
 #include "core/problem.h"
+#include "cuda/common/arch.h"
 #include "cuda/common/attention_mainloop.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/decode/decode_split.h"
@@ -247,16 +248,19 @@ int resident_ctas_per_sm(int device) {
   return n;
 }
 
+// Per-tile costs (barrier, Q fragment reloads, softmax and O rescale, page ids) do not
+// scale with the bytes: with 4 warps splitting the keys, rows of <= 128 bytes (fp8
+// D <= 128, bf16 / fp16 D = 64) take 32 keys per warp, so a warp still streams 8 KB of
+// K + V per tile (as bf16 D = 128 does with 16 keys) in the same 32 KB stages.
+template <int D, class T, class KV, int WM>
+using DecodeTraits =
+    AttentionTraits<D, T, KV, WM, 1, WM == 1 && D * static_cast<int>(sizeof(KV)) <= 128 ? 32 : 0>;
+
 /// Launches plan, attention and merge for one (head dim, T, KV, warp layout); `a` is
 /// complete except for the tile configuration chosen here.
 template <int D, class T, class KV, int WM>
 void launch_decode_config(AttentionArgs a, int device, int sm_count, cudaStream_t stream) {
-  // Per-tile costs (barrier, Q fragment reloads, softmax and O rescale, page ids) do not
-  // scale with the bytes: with 4 warps splitting the keys, rows of <= 128 bytes (fp8
-  // D <= 128, bf16 / fp16 D = 64) take 32 keys per warp, so a warp still streams 8 KB of
-  // K + V per tile (as bf16 D = 128 does with 16 keys) in the same 32 KB stages.
-  constexpr int kKeysPerWarp = WM == 1 && D * static_cast<int>(sizeof(KV)) <= 128 ? 32 : 0;
-  using Tr = AttentionTraits<D, T, KV, WM, 1, kKeysPerWarp>;
+  using Tr = DecodeTraits<D, T, KV, WM>;
   a.split_tile = Tr::BN;
   a.row_chunks = ceil_div(a.group * a.q_len_per_req, Tr::M);
   constexpr int kPlanThreads = 1024;
@@ -278,10 +282,13 @@ void launch_decode_config(AttentionArgs a, int device, int sm_count, cudaStream_
 }
 
 /// Tile choice: 16 packed rows with the KV tile split over 4 warps when the G * n rows
-/// fit, else 64-row tiles (row chunks beyond 64 become more work items).
+/// fit and the GPU has the shared memory (sm_86 / sm_89 have 99 KB per CTA; some 16-row
+/// configurations take up to 137 KB), else 64-row tiles (row chunks beyond 64 become
+/// more work items), which fit every supported GPU.
 template <int D, class T, class KV>
 void launch_decode(const AttentionArgs& a, int device, int sm_count, cudaStream_t stream) {
-  if (a.group * a.q_len_per_req <= 16) {
+  static_assert(DecodeTraits<D, T, KV, 4>::kSmemBytes <= kSm89SmemPerBlock, "64-row decode tiles fit sm_89");
+  if (a.group * a.q_len_per_req <= 16 && DecodeTraits<D, T, KV, 1>::kSmemBytes <= max_smem_per_block(device)) {
     launch_decode_config<D, T, KV, 1>(a, device, sm_count, stream);
   } else {
     launch_decode_config<D, T, KV, 4>(a, device, sm_count, stream);

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/common/arch.h"
 #include "cuda/common/attention_mainloop.cuh"
 #include "cuda/common/launch.cuh"
 
@@ -65,6 +66,7 @@ __global__ void __launch_bounds__(Tr::kThreads) prefill_kernel(const AttentionAr
 template <int D, class T, class KV>
 void launch_prefill(const AttentionArgs& a, int max_q_len, cudaStream_t stream) {
   using Tr = PrefillTraits<D, T, KV>;
+  static_assert(Tr::kSmemBytes <= kSm89SmemPerBlock, "prefill tiles fit sm_89");
   const dim3 grid(static_cast<unsigned>(ceil_div(max_q_len, Tr::M)), static_cast<unsigned>(a.num_q_heads),
                   static_cast<unsigned>(a.batch));
   allow_dynamic_smem(prefill_kernel<Tr>, Tr::kSmemBytes);
