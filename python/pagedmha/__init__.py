@@ -149,7 +149,13 @@ def _device_stream(device: str) -> int | None:
         return None
     torch = _sys.modules.get("torch")
     if torch is not None:
-        return torch.cuda.current_stream(torch.device(device)).cuda_stream
+        # Only a device torch can use: anything else (no driver, an index past the device
+        # count, a malformed name) is left to the library, whose error names the call and
+        # the argument.
+        try:
+            return torch.cuda.current_stream(torch.device(device)).cuda_stream
+        except (RuntimeError, ValueError, AssertionError):
+            return None
     cupy = _sys.modules.get("cupy")
     if cupy is not None:
         return cupy.cuda.get_current_stream().ptr
@@ -262,7 +268,7 @@ _checked_method(ForwardBatch, "__init__", _exporting_init, op="ForwardBatch")
 _checked_method(LayerSpec, "__init__", _exporting_init, op="LayerSpec")
 
 
-def create_backend(name: str = "pagedmha", **config) -> MhaBackend:
+def create_backend(name: str = "pagedmha", *args, **config) -> MhaBackend:
     """The attention backend registered under ``name`` ("pagedmha", or its alias "trtllm",
     so an engine configured for the upstream "trtllm" backend switches by name).
 
@@ -276,10 +282,13 @@ def create_backend(name: str = "pagedmha", **config) -> MhaBackend:
         pagedmha.Error: an unknown name (the message lists the registered ones), an invalid
             config value or an argument of the wrong type.
     """
-    return _create_backend(name, **config)
+    return _create_backend(name, *args, **config)
 
 
-def _create(name, **config):
+def _create(name, *args, **config):
+    if args:
+        raise Error(f"create_backend: config: expected keyword arguments after the name "
+                    f"(page_size=..., context_len=..., ...), got {len(args)} positional value(s)")
     config = _config(config, "create_backend")
     if config.get("stream") is None:
         config["stream"] = _device_stream(str(config.get("device", "cpu")))

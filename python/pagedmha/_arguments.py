@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import sys
 import types
 import typing
@@ -99,7 +100,15 @@ _ARRAY = "an array (NumPy, PyTorch, CuPy or any DLPack producer) or a pagedmha.T
 
 
 def _is_int(v) -> bool:
-    return not isinstance(v, (float, str, bytes)) and hasattr(type(v), "__index__")
+    """An int as nanobind takes one (operator.index works: Python and NumPy integer
+    scalars and bools, not 1-element arrays)."""
+    if isinstance(v, (float, str, bytes)):
+        return False
+    try:
+        operator.index(v)
+    except TypeError:
+        return False
+    return True
 
 
 def _is_float(v) -> bool:
@@ -134,7 +143,7 @@ def _check(annotation: str, name: str):
         accepts, what = _is_bool, "a bool"
     elif base == "str":
         accepts, what = (lambda v: isinstance(v, str)), "a str"
-    elif base == "ArrayLike":
+    elif base == "ArrayLike" or base.startswith("ndarray"):
         accepts, what = (lambda v: v is not None), _ARRAY
     elif base == "torch.Tensor":
         accepts = lambda v: isinstance(v, sys.modules["torch"].Tensor)  # noqa: E731
@@ -154,6 +163,9 @@ def _check(annotation: str, name: str):
         if found is None:
             return None
         accepts, what = found
+    elif name == "device":  # "cpu" / "cuda:N" / a torch.device
+        accepts = lambda v: isinstance(v, str) or type(v).__name__ == "device"  # noqa: E731
+        what = 'a device ("cpu", "cuda:N" or a torch.device)'
     else:  # object and anything unforeseen
         return None
     if optional:
@@ -199,9 +211,9 @@ def diagnose(op: str, params: tuple[Param, ...], args: tuple, kwargs: dict) -> O
     for p in params:
         value = bound.get(p.name)
         if p.annotation.startswith("int") and value is not None and _is_int(value):
-            value = int(value)
-            if p.name in _UNSIGNED and value < 0:
-                return f"{op}: {p.name}: expected a non-negative int, got {value}"
+            value = operator.index(value)
+            if p.name in _UNSIGNED and not 0 <= value < 2**64:
+                return f"{op}: {p.name}: expected an int in [0, 2^64), got {value}"
             if p.name not in _UNSIGNED and not _INT32[0] <= value <= _INT32[1]:
                 return f"{op}: {p.name}: expected an int in [{_INT32[0]}, {_INT32[1]}], got {value}"
     return None

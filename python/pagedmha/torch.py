@@ -194,6 +194,8 @@ def _named(call: str):
 
 def _outputs(q: torch.Tensor, return_lse: bool):
     """out of q's shape and dtype (bf16 for fp8 queries), lse fp32 [rows, Hq] on request."""
+    if not isinstance(return_lse, bool):  # _checked names the argument (it is typed bool)
+        raise TypeError("return_lse")
     fp8 = getattr(torch, "float8_e4m3fn", None)
     out = torch.empty(q.shape, dtype=torch.bfloat16 if q.dtype == fp8 else q.dtype,
                       device=q.device)

@@ -49,12 +49,24 @@ def test_batch_decode_positional(decode_args, index, value, message):
     (dict(bmm1_scale="0.1"), r"^batch_decode: bmm1_scale: expected a float or None, got str '0.1'$"),
     (dict(window_left=2.0), r"^batch_decode: window_left: expected an int, got float 2.0$"),
     (dict(stream="s"), r"^batch_decode: stream: expected a cudaStream_t as an int or None, got str 's'$"),
-    (dict(stream=-1), r"^batch_decode: stream: expected a non-negative int, got -1$"),
+    (dict(stream=-1), r"^batch_decode: stream: expected an int in \[0, 2\^64\), got -1$"),
+    (dict(stream=2**64), r"^batch_decode: stream: expected an int in \[0, 2\^64\), got 18446744073709551616$"),
+    (dict(window_left=np.array([-1])), r"^batch_decode: window_left: expected an int, got ndarray"),
     (dict(bmm_scale=0.1), r"^batch_decode: bmm_scale: unexpected keyword argument \(expected one of q, .*bmm1_scale"),
 ])
 def test_batch_decode_keywords(decode_args, kwargs, message):
     with pytest.raises(pm.Error, match=message):
         call_decode(decode_args, **kwargs)
+    assert np.all(np.isnan(decode_args[7]))
+
+
+@pytest.mark.parametrize("value", [np.array([P]), np.array(P, np.float32)])
+def test_int_arguments_take_no_arrays(decode_args, value):
+    """A 1-element array is not an int (nanobind refuses it; the diagnosis must not itself
+    fail on it)."""
+    decode_args[5] = value
+    with pytest.raises(pm.Error, match=r"^batch_decode: page_size: expected an int, got "):
+        call_decode(decode_args)
     assert np.all(np.isnan(decode_args[7]))
 
 
@@ -91,6 +103,10 @@ def test_other_ops():
         pm.view_as(np.zeros(2, np.uint16), "bfloat16")
     with pytest.raises(pm.Error, match=r"^view_as: dtype: expected a pagedmha.DType .*got float 1.0$"):
         pm.view_as(np.zeros(2, np.uint16), 1.0)
+    with pytest.raises(pm.Error, match=r"^view_as: .*: expected an array .*got NoneType None$"):
+        pm.view_as(None, "bf16")
+    with pytest.raises(pm.Error, match=r"^decode_workspace_size: device: expected a device .*got NoneType None$"):
+        pm.decode_workspace_size(None, 1, 1, 2, 1, 64)
 
 
 def backend():
@@ -110,6 +126,12 @@ def test_backend_config():
         pm.create_backend(page_size=16, context_len=64, state_cache_groups="mamba")
     with pytest.raises(pm.Error, match=r"^create_backend: max_bs: expected an int, got str '8'$"):
         pm.create_backend(page_size=16, context_len=64, max_bs="8")
+    with pytest.raises(pm.Error, match=r"^create_backend: workspace_bytes: expected an int in \[0, 2\^64\)"):
+        pm.create_backend(page_size=16, context_len=64, workspace_bytes=2**64)
+    with pytest.raises(pm.Error, match=r"^create_backend: config: expected keyword arguments .*got 2 positional"):
+        pm.create_backend("trtllm", 16, 64)
+    with pytest.raises(pm.Error, match=r"^create_backend: device: expected a device .*got NoneType None$"):
+        pm.create_backend(page_size=16, context_len=64, device=None)
 
 
 def test_backend_classes_and_methods():

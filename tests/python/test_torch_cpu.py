@@ -173,6 +173,19 @@ def test_wrong_argument_types_name_the_call():
         pmt.decode_write_slots(pg.page_table, pg.seq_lens, 4, None, torch.zeros(1, dtype=torch.int32))
 
 
+def test_return_lse_is_a_bool_and_cuda_devices_are_the_librarys_to_judge():
+    pg = Paged([5], 4, 1, 64, seed=22)
+    q = torch.zeros((1, 2, 64), dtype=torch.bfloat16)
+    with pytest.raises(pm.Error, match=r"^batch_decode_with_kvcache: return_lse: expected a bool, got str 'no'$"):
+        pmt.batch_decode_with_kvcache(q, pg.k, pg.v, pg.page_table, pg.seq_lens, 4, return_lse="no")
+    # With torch imported, a CUDA device torch cannot use (no driver here, an index past the
+    # device count there) is reported by the library, naming the call and the argument,
+    # not by torch.
+    with pytest.raises(pm.Error, match=r"^create_backend: (config\.)?device: "):
+        pm.create_backend(page_size=16, context_len=64, num_q_heads=4, num_kv_heads=2, head_dim=64,
+                          device="cuda:63")
+
+
 def test_library_errors_name_the_functional_call():
     pg = Paged([5], 4, 1, 64, seed=21)
     q = torch.zeros((1, 2, 96), dtype=torch.bfloat16)
