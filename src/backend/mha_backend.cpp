@@ -555,6 +555,10 @@ TensorView MhaBackend::forward_extend(const TensorView& q, const TensorView& k, 
                                       bool save_kv_cache) try {
   const CallScope call("MhaBackend.forward_extend");
   check_step_bs(bs);
+  if (prefill_slot_ == nullptr && decode_slot_ != nullptr) {
+    fail("metadata", "an extend step's (init_forward_metadata with an extend batch)",
+         "a decode step's metadata (call forward_decode, or init_forward_metadata for this extend step)");
+  }
   return run_attention(q, k, v, layer, kv, out_cache_loc, prefill_slot_ ? *prefill_slot_ : AttentionMetadata{},
                        out, save_kv_cache, prefill_slot_ != nullptr);
 } catch (const Error& e) {
@@ -573,6 +577,14 @@ TensorView MhaBackend::forward_decode(const TensorView& q, const TensorView& k, 
   } else {
     const int64_t q_len = bs > 0 && q.defined() ? q.size(0) / bs : 1;
     md = q_len > 1 ? prefill_slot_ : decode_slot_;
+    // The rows of q chose a slot this step has no metadata for: the rows are what is
+    // wrong (or the step's metadata), not a missing init_forward_metadata.
+    const AttentionMetadata* other = q_len > 1 ? decode_slot_ : prefill_slot_;
+    if (md == nullptr && other != nullptr) {
+      fail("q", std::to_string(other->num_tokens) + " rows (this step's " +
+                    (other->ragged ? "extend tokens" : "query rows") + ")",
+           std::to_string(q.size(0)) + " rows for bs " + std::to_string(bs));
+    }
   }
   return run_attention(q, k, v, layer, kv, out_cache_loc, md ? *md : AttentionMetadata{}, out, save_kv_cache,
                        md != nullptr);

@@ -186,7 +186,8 @@ void add_bench_options(CLI::App& app, BenchOptions& o) {
   app.add_option("--scale", o.scale, "Divide every ctx / S by this (CUDA default 1, CPU 16: the CPU is slow)")
       ->check(CLI::Range(1, 1 << 30));
   app.add_option("--out-dir", o.out_dir,
-                 "Results folder, created when missing (default: <build folder>/bench/results, else ./bench-results)");
+                 "Results folder, created when missing (default: <build folder>/bench/results, else ./bench-results)")
+      ->check([](const std::string& d) { return d.empty() ? std::string("expected a folder name, got ''") : ""; });
 }
 
 int bench_main(const BenchOptions& o) {
@@ -200,7 +201,16 @@ int bench_main(const BenchOptions& o) {
     if (op != "decode" && op != "prefill") throw_invalid_argument("bench", "--ops", kOps, quote_bytes(op));
   std::vector<Geometry> geometries;
   for (const std::string& m : models) geometries.push_back(geometry(m));
-  const Device dev = parse_device(o.device);
+  const Device dev = parse_device(o.device, "bench");
+  // Every shape must keep ctx >= q_len >= 1 after --scale (decode q_len 4 over 2k keys,
+  // prefill 1k tokens, the chunk's 2k new tokens are the tightest).
+  const int scale = o.scale > 0 ? o.scale : dev.is_cuda() ? 1 : 16;
+  int max_scale = 1 << 30;
+  for (const std::string& op : ops) max_scale = std::min(max_scale, op == "decode" ? 2048 / 4 : 1024);
+  if (scale > max_scale) {
+    throw_invalid_argument("bench", "--scale", "<= " + std::to_string(max_scale) + " (every shape keeps ctx >= q_len >= 1)",
+                           std::to_string(scale));
+  }
   // The results folder is made (and checked writable) before minutes of measuring.
   const std::string dir = o.out_dir.empty() ? default_out_dir() : o.out_dir;
   {
@@ -211,7 +221,6 @@ int bench_main(const BenchOptions& o) {
                              dir + (ec ? " (" + ec.message() + ")" : ""));
   }
   const int iters = o.iters > 0 ? o.iters : dev.is_cuda() ? 50 : 2;
-  const int scale = o.scale > 0 ? o.scale : dev.is_cuda() ? 1 : 16;
   std::vector<Shape> shapes;
   for (const Geometry& g : geometries) {
     for (const std::string& op : ops) {
@@ -232,10 +241,12 @@ int bench_main(const BenchOptions& o) {
   j["gpu"] = c.gpu.empty() ? device_name(dev) : c.gpu;
   j["commit"] = git_commit();
   j["command"] = "pagedmha bench --device " + o.device + " --ops " + o.ops + " --models " + o.models +
-                 " --scale " + std::to_string(scale) + " --iters " + std::to_string(iters);
+                 " --scale " + std::to_string(scale) + " --iters " + std::to_string(iters) + " --repeats " +
+                 std::to_string(o.repeats);
   std::time_t now = std::time(nullptr);
-  char date[32];
+  char date[32], hms[16];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  std::strftime(hms, sizeof hms, "%H%M%S", std::gmtime(&now));
   j["date"] = date;
   j["ceilings"] = c.read_tbps > 0 ? nlohmann::json{{"read_tbps", c.read_tbps}, {"copy_tbps", c.copy_tbps},
                                                    {"gemm_bf16_tflops", c.bf16_tflops}}
@@ -257,7 +268,12 @@ int bench_main(const BenchOptions& o) {
   for (char& ch : gpu) ch = std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
   std::string ymd = date;
   ymd.erase(std::remove(ymd.begin(), ymd.end(), '-'), ymd.end());
-  const std::string path = dir + "/" + gpu + "-kernels-" + ymd + ".json";
+  // The time of day too: two runs of one day (say --ops decode, then --ops prefill) keep
+  // both files.
+  std::string path = dir + "/" + gpu + "-kernels-" + ymd + "-" + hms + ".json";
+  for (int k = 2; std::filesystem::exists(path); ++k) {
+    path = dir + "/" + gpu + "-kernels-" + ymd + "-" + hms + "-" + std::to_string(k) + ".json";
+  }
   std::ofstream f(path);
   if (!f) throw_invalid_argument("bench", "--out-dir", "a writable folder", dir);
   f << j.dump(1) << "\n";

@@ -294,7 +294,7 @@ void add_check_options(CLI::App& app, CheckOptions& o) {
 }
 
 CheckSummary run_checks(const CheckOptions& o) {
-  const Device dev = parse_device(o.device);
+  const Device dev = parse_device(o.device, "check");
   std::mt19937_64 rng(o.seed);
   std::vector<std::pair<std::string, std::function<Result()>>> cases;
   const std::vector<AttnCase> attn = {

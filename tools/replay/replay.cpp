@@ -139,14 +139,14 @@ std::string fmt(const char* f, double v) {
 
 }  // namespace
 
-Device parse_device(const std::string& name) {
+Device parse_device(const std::string& name, const char* cmd) {
   if (name == "cpu") return Device::cpu();
   if (name == "cuda") {
-    if (!cuda_available()) throw_invalid_argument("replay", "--device", "a visible CUDA device (built with CUDA)", "cuda");
+    if (!cuda_available()) throw_invalid_argument(cmd, "--device", "a visible CUDA device (built with CUDA)", "cuda");
     return Device::cuda(0);
   }
   if (name == "auto") return cuda_available() ? Device::cuda(0) : Device::cpu();
-  throw_invalid_argument("replay", "--device", "auto, cpu or cuda", name);
+  throw_invalid_argument(cmd, "--device", "auto, cpu or cuda", name);
 }
 
 ReplayOptions resolve_replay_defaults(const ReplayOptions& in, Device device) {
@@ -551,8 +551,10 @@ std::string replay_summary(const ReplayResult& r) {
   // A row that does not apply says why instead of a bare "-".
   const bool cpu = r.device.is_cpu(), dry = r.options.dry_run, roofline = !s["ceilings"].is_null();
   const int64_t steps = s["steps"].get<int64_t>(), dec_steps = s["decode_steps"].get<int64_t>();
-  const std::string no_roofline = cpu ? "n/a on CPU (no roofline ceilings: --ceiling-read-tbps, --ceiling-tflops)"
-                                      : "n/a (no roofline ceilings)";
+  // The roofline figures need both ceilings (a step's floor is the slower of the two).
+  const std::string no_roofline =
+      cpu ? "n/a on CPU (no roofline ceilings: needs both --ceiling-read-tbps and --ceiling-tflops)"
+          : "n/a (no roofline ceilings)";
   auto why = [&](bool needs_roofline, int64_t kind_steps, const char* kind) -> std::string {
     if (needs_roofline && !roofline) return no_roofline;
     if (dry) return "n/a (dry run: nothing is timed)";
@@ -569,7 +571,10 @@ std::string replay_summary(const ReplayResult& r) {
   line("requests (finished / total)", std::to_string(r.finished) + " / " + std::to_string(r.requests) +
                                           (r.truncated ? "  TRUNCATED (--time-limit / --max-steps)" : ""));
   line("steps", std::to_string(r.steps.size()));
-  line("prompt / output tokens", std::to_string(r.prompt_tokens) + " / " + std::to_string(r.output_tokens));
+  // The requests' own totals; a truncated run produced fewer (per-token figures divide by
+  // what was produced).
+  line(r.truncated ? "prompt / output tokens (all requests)" : "prompt / output tokens",
+       std::to_string(r.prompt_tokens) + " / " + std::to_string(r.output_tokens));
   line("prefill tokens computed", std::to_string(r.sched.prefill_tokens));
   line("attention time total", num(s["attention_time_s"], "%.4f s", na_time));
   line("attention time per step", num(s["attention_time_per_step_us"], "%.1f us", na_time));
@@ -582,7 +587,8 @@ std::string replay_summary(const ReplayResult& r) {
                                         ")"));
   line("tool host per step (prep / sched)", num(s["tool_prepare_host_time_per_step_us"], "%.1f us", na_time) +
                                                 " / " + num(s["tool_scheduler_host_time_per_step_us"], "%.1f us", ""));
-  line("graph capture (one-off)", cpu                      ? "n/a on CPU (CUDA graphs run on the GPU only)"
+  line("graph capture (one-off)", dry                      ? "n/a (dry run: nothing is timed)"
+                                  : cpu                    ? "n/a on CPU (CUDA graphs run on the GPU only)"
                                   : !r.options.cuda_graphs ? "n/a (--no-cuda-graphs)"
                                                            : num(s["graph_capture_host_time_s"], "%.2f s", na_time));
   line("achieved bandwidth (all steps)", num(s["achieved_tbps"], "%.4f TB/s", na_time));

@@ -60,7 +60,8 @@ struct ReplayOptions {
 ReplayOptions resolve_replay_defaults(const ReplayOptions& options, Device device);
 
 /// "auto" -> cuda:0 when pagedmha::cuda_available(), else cpu.
-Device parse_device(const std::string& name);
+/// --device of subcommand `cmd` ("auto", "cpu", "cuda"); errors name `cmd`.
+Device parse_device(const std::string& name, const char* cmd = "replay");
 
 struct StepRecord {
   int64_t step = 0;

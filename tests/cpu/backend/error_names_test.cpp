@@ -174,6 +174,29 @@ TEST(BackendErrorNames, ForwardNamesTheLayerAndTheSlots) {
                     "MhaBackend.forward_decode: out_cache_loc: "));
 }
 
+// A decode step's metadata with q of 2 rows per request (bs 1) used to read "no
+// metadata": the rows chose the extend slot, which this step does not have. Likewise
+// forward_extend after a decode step's metadata.
+TEST(BackendErrorNames, RowsOrCallNotMatchingTheStepsMetadataSaySo) {
+  Step st;
+  MhaBackend be(config());
+  ForwardBatch fb = st.decode();
+  fb.batch_size = 1;
+  fb.seq_lens = fb.seq_lens.slice(0, 0, 1);
+  fb.req_pool_indices = fb.req_pool_indices.slice(0, 0, 1);
+  be.init_forward_metadata(fb);
+  EXPECT_TRUE(names(message([&] {
+                      be.forward_decode(st.q.view(), st.k.view(), st.v.view(), st.layer.spec, st.layer.kv(), {}, 1,
+                                        st.out.view(), false);
+                    }),
+                    "MhaBackend.forward_decode: q: expected 1 rows (this step's query rows), got 2 rows for bs 1"));
+  EXPECT_TRUE(names(message([&] {
+                      be.forward_extend(st.q.view(), st.k.view(), st.v.view(), st.layer.spec, st.layer.kv(), {}, 1,
+                                        st.out.view(), false);
+                    }),
+                    "MhaBackend.forward_extend: metadata: expected an extend step's"));
+}
+
 TEST(BackendErrorNames, GraphCallsNameThemselves) {
   Step st;
   BackendConfig c = config(/*N=*/2);

@@ -23,6 +23,7 @@
 #include "bench/bench.h"
 #include "cli.h"
 #include "pagedmha/error.h"
+#include "pagedmha/memory.h"
 #include "replay/plot.h"
 #include "replay/replay.h"
 #include "report_paths.h"
@@ -276,6 +277,48 @@ TEST(BenchCli, PrintsColumnHeaders) {
   EXPECT_EQ(w[9], "TB/s") << row;
   // Each header word ends where its column ends (right-aligned numbers) or starts (left-aligned names).
   EXPECT_EQ(header.find("batch") + 5, row.find(" 1 ") + 2) << header << "\n" << row;
+}
+
+// Errors that name the bench and its flag before anything is measured or made: a --scale
+// that leaves a shape with ctx < q_len (or 0), an empty --out-dir, a CUDA device that is
+// not there (used to be reported as "replay: --device"). Two runs of one day keep both
+// result files (the name used to be the date alone).
+TEST(BenchCli, ScaleOutDirAndDeviceErrorsNameTheBenchAndRunsKeepTheirFiles) {
+  const fs::path dir = scratch("bench_errors");
+  fs::remove_all(dir);
+  auto error = [](const pt::BenchOptions& o) {
+    try {
+      pt::bench_main(o);
+    } catch (const pagedmha::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  pt::BenchOptions o;
+  o.device = "cpu", o.models = "gemma", o.iters = 1, o.repeats = 1, o.out_dir = dir.string();
+  o.ops = "decode", o.scale = 513;
+  EXPECT_NE(error(o).find("bench: --scale: expected <= 512 (every shape keeps ctx >= q_len >= 1), got 513"),
+            std::string::npos);
+  o.ops = "prefill", o.scale = 1025;
+  EXPECT_NE(error(o).find("bench: --scale: expected <= 1024"), std::string::npos) << error(o);
+  EXPECT_FALSE(fs::exists(dir));
+  const auto [rc, err] = cli_err({"bench", "--device", "cpu", "--out-dir", ""});
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(err.find("--out-dir: expected a folder name, got ''"), std::string::npos) << err;
+  if (!pagedmha::cuda_available()) {
+    const auto [rc2, err2] = cli_err({"bench", "--device", "cuda", "--out-dir", dir.string()});
+    EXPECT_EQ(rc2, 1);
+    EXPECT_NE(err2.find("pagedmha: error: bench: --device: expected a visible CUDA device"), std::string::npos) << err2;
+    EXPECT_FALSE(fs::exists(dir));
+  }
+  o.scale = 1024;
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(pt::bench_main(o), 0);
+  EXPECT_EQ(pt::bench_main(o), 0);
+  testing::internal::GetCapturedStdout();
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.path().extension() == ".json";
+  EXPECT_EQ(files, 2);
 }
 
 // Without --out-dir the JSON goes under the build folder (the nearest ancestor of the

@@ -112,7 +112,7 @@ TEST(Replay, TableMarksRowsThatDoNotApplyAndSplitsPeakPages) {
     std::string v = t.substr(at + 2 + label.size(), end - at - 2 - label.size());
     return v.substr(v.find_first_not_of(' '));
   };
-  const std::string no_ceiling = "n/a on CPU (no roofline ceilings: --ceiling-read-tbps, --ceiling-tflops)";
+  const std::string no_ceiling = "n/a on CPU (no roofline ceilings: needs both --ceiling-read-tbps and --ceiling-tflops)";
   EXPECT_EQ(row("ratio to read ceiling (decode)"), no_ceiling) << t;
   EXPECT_EQ(row("ratio to TFLOP/s ceiling (extend)"), no_ceiling) << t;
   EXPECT_EQ(row("roofline floor (decode / extend)"), no_ceiling) << t;
@@ -144,6 +144,19 @@ TEST(Replay, TableMarksRowsThatDoNotApplyAndSplitsPeakPages) {
   EXPECT_GE(r.sched.peak_pages[0], r.sched.peak_live_pages[0]);
 }
 
+// A truncated run's token row is the requests' totals, labelled so: per-token figures
+// divide by what was produced.
+TEST(Replay, TruncatedRunLabelsTheRequestsTokenTotals) {
+  pt::ReplayOptions o = small();
+  o.check_every = 0;
+  o.max_steps = 1;
+  const pt::ReplayResult r = pt::run_replay(o);
+  ASSERT_TRUE(r.truncated);
+  const std::string t = pt::replay_summary(r);
+  EXPECT_NE(t.find("  prompt / output tokens (all requests) " + std::to_string(r.prompt_tokens) + " / "),
+            std::string::npos) << t;
+}
+
 // Dry runs and steps of one kind say so.
 TEST(Replay, DryRunTableSaysNothingIsTimed) {
   pt::ReplayOptions o = small();
@@ -152,6 +165,8 @@ TEST(Replay, DryRunTableSaysNothingIsTimed) {
   const std::string t = pt::replay_summary(pt::run_replay(o));
   EXPECT_NE(t.find("attention time total              n/a (dry run: nothing is timed)"), std::string::npos) << t;
   EXPECT_NE(t.find("checks (steps / rows, max rel err) n/a (dry run: no attention to check)"), std::string::npos) << t;
+  // A dry run plans the GPU run: no "on CPU" reason for the graph capture either.
+  EXPECT_NE(t.find("graph capture (one-off)           n/a (dry run: nothing is timed)"), std::string::npos) << t;
   EXPECT_EQ(t.find(" - "), std::string::npos) << t;
 }
 
