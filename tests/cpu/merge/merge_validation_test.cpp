@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error_text.h"
 #include "pagedmha/error.h"
 #include "pagedmha/numeric.h"
 #include "pagedmha/ops.h"
@@ -20,15 +21,7 @@ using namespace pagedmha;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 const Device kCpu = Device::cpu();
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected pagedmha::Error, none thrown";
-  return {};
-}
+using testutil::error_of;
 
 #define EXPECT_ERROR(call, ...)                                                                          \
   do {                                                                                                   \

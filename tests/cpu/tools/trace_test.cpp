@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include "common/error_text.h"
 #include "pagedmha/error.h"
 #include "replay/trace.h"
 
@@ -44,14 +45,7 @@ bool printable(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7F; });
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const pagedmha::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testutil::error_of;
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error_text.h"
 #include "pagedmha/backend.h"
 #include "pagedmha/error.h"
 #include "pagedmha/memory.h"
@@ -19,15 +20,7 @@ namespace {
 
 using namespace pagedmha;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected pagedmha::Error, none thrown";
-  return {};
-}
+using testutil::error_of;
 
 void expect_has(const std::string& msg, std::initializer_list<const char*> frags) {
   for (const char* f : frags) EXPECT_NE(msg.find(f), std::string::npos) << "missing \"" << f << "\" in: " << msg;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error_text.h"
 #include "pagedmha/error.h"
 #include "pagedmha/memory.h"
 #include "pagedmha/numeric.h"
@@ -24,16 +25,7 @@ using namespace opfix;
 const Device kCpu = Device::cpu();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// The Error message of `f`, or a test failure when it throws none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected pagedmha::Error, none thrown";
-  return {};
-}
+using testutil::error_of;
 
 // Asserts that `call` throws Error and that its message contains every fragment.
 #define EXPECT_ERROR(call, ...)                                                     \

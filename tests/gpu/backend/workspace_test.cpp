@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error_text.h"
 #include "pagedmha/pagedmha.h"
 
 namespace {
@@ -30,14 +31,7 @@ BackendConfig base_config(int N, bool block_draft) {
   return c;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testutil::error_of;
 
 // One eager decode-mode step of bs requests (lengths 1..C, every page the zeroed page 0).
 struct Step {
