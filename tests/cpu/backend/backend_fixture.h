@@ -138,4 +138,15 @@ inline ::testing::AssertionResult close(const std::vector<double>& got, const st
   return ::testing::AssertionSuccess();
 }
 
+/// A backend config of `page_size`, `context_len`, `max_bs` and N speculative tokens
+/// (everything else the defaults).
+inline BackendConfig make_config(int page_size, int context_len, int max_bs, int N = 1) {
+  BackendConfig c;
+  c.page_size = page_size;
+  c.context_len = context_len;
+  c.max_bs = max_bs;
+  c.spec_num_tokens = N;
+  return c;
+}
+
 }  // namespace btest

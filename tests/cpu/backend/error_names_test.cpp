@@ -35,14 +35,7 @@ std::string message(F&& call) {
   return ::testing::AssertionSuccess();
 }
 
-BackendConfig config(int N = 1) {
-  BackendConfig c;
-  c.page_size = P;
-  c.context_len = C;
-  c.max_bs = kMaxBs;
-  c.spec_num_tokens = N;
-  return c;
-}
+BackendConfig config(int N = 1) { return make_config(P, C, kMaxBs, N); }
 
 struct Step {
   std::mt19937 rng{11};

@@ -9,14 +9,7 @@ namespace {
 
 using V = std::vector<int32_t>;
 
-BackendConfig config(int P, int C, int max_bs, int N = 1) {
-  BackendConfig c;
-  c.page_size = P;
-  c.context_len = C;
-  c.max_bs = max_bs;
-  c.spec_num_tokens = N;
-  return c;
-}
+BackendConfig config(int P, int C, int max_bs, int N = 1) { return make_config(P, C, max_bs, N); }
 
 // req_to_page [rows, cols]: row i holds pages 10 * i + c + 1 (row 0: padding, zeros).
 Ints req_to_page(int rows, int cols) {

@@ -23,14 +23,7 @@ void expect_error(F&& call, std::initializer_list<const char*> what) {
   }
 }
 
-BackendConfig config(int N = 1, int context_len = C) {
-  BackendConfig c;
-  c.page_size = P;
-  c.context_len = context_len;
-  c.max_bs = kMaxBs;
-  c.spec_num_tokens = N;
-  return c;
-}
+BackendConfig config(int N = 1, int context_len = C) { return make_config(P, context_len, kMaxBs, N); }
 
 struct Fixture {
   std::mt19937 rng{7};
