@@ -10,6 +10,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
   bash scripts/bootstrap.sh
   jobs=${JOBS:-$(nproc)}
   cmake --preset default >/dev/null
-  cmake --build --preset default -j "$jobs" --target pagedmha_cli
+  cmake --build --preset default -j "$jobs" --target pagedmha_cli >&2  # stdout is the replay's
 )
 exec "$root/build/default/tools/pagedmha" replay "$@"

@@ -37,6 +37,8 @@ namespace pagedmha {
 /// lse = -inf (or sinks[h] with a sink), never NaN.
 struct AttentionParams {
   /// q_scale * k_scale * sm_scale (sm_scale is usually head_dim^-0.5). Must be finite.
+  /// The default 1.0 applies no softmax scale: set it (as the upstream backend passes
+  /// it). The Python ops' bmm1_scale=None and LayerSpec::scaling = 0 mean head_dim^-0.5.
   float bmm1_scale = 1.0f;
   /// v_scale (an fp8 cache stores V / v_scale). Must be finite.
   float bmm2_scale = 1.0f;

@@ -99,7 +99,9 @@ TensorView to_view(const ArrayArg& arg, const char* op, const char* name, Access
   } else if (own) {
     dtype = *own;
   } else {
-    throw_invalid_argument(op, name, "dtype bf16, fp16, fp32, int32, int64, uint8 or fp8_e4m3",
+    throw_invalid_argument(op, name,
+                           "a dtype pagedmha reads (bf16, fp16, fp32, int32, int64, uint8 or fp8_e4m3; "
+                           "ops.h gives each argument's)",
                            dlpack_dtype_str(a.dtype()));
   }
 

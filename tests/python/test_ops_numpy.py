@@ -493,7 +493,7 @@ def test_error_messages(rng):
     out = np.zeros_like(q)
     with pytest.raises(pm.Error, match=r"^batch_decode: seq_lens: expected dtype int32, got int64$"):
         pm.batch_decode(q, k, v, pg.page_table, pg.seq_lens.astype(np.int64), 4, 1, out)
-    with pytest.raises(pm.Error, match=r"^batch_decode: q: expected dtype .*got float64$"):
+    with pytest.raises(pm.Error, match=r"^batch_decode: q: expected a dtype pagedmha reads \(bf16, .*; ops.h gives each argument.s\), got float64$"):
         pm.batch_decode(q.astype(np.float64), k, v, pg.page_table, pg.seq_lens, 4, 1, out)
     with pytest.raises(pm.Error, match=r"^batch_decode: .*head dim 64, 128 or 256, got 32$"):
         pm.batch_decode(q[..., :32], k[..., :32], v[..., :32], pg.page_table, pg.seq_lens, 4, 1,
