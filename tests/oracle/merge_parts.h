@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <random>
@@ -145,6 +146,17 @@ inline AttnProblem with_merge_outputs(const AttnProblem& p, DType dtype) {
   r.out = make_tensor(dtype, {p.rows, p.c.Hq, p.c.D});
   r.c.with_lse = true;
   return r;
+}
+
+/// r (from with_merge_outputs) holding a merge written elsewhere (in place into a part):
+/// out [rows, Hq, D] of r.out's dtype, out_lse fp32 [rows, Hq], so check_attention judges it.
+inline void copy_merged(AttnProblem& r, const HostTensor& out, const HostTensor& out_lse) {
+  const std::size_t es = elem_size(r.out.dtype);
+  for (int t = 0; t < r.rows; ++t)
+    for (int h = 0; h < r.c.Hq; ++h) {
+      std::memcpy(r.lse.at({t, h}), out_lse.at({t, h}), 4);
+      for (int d = 0; d < r.c.D; ++d) std::memcpy(r.out.at({t, h, d}), out.at({t, h, d}), es);
+    }
 }
 
 /// Tolerances of a merge of rounded parts: the attention ops' for 16-bit outputs; for fp32

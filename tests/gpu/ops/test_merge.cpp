@@ -106,11 +106,7 @@ TEST(GpuMerge, InPlace) {
       dev.download(parts.lse);
       AttnProblem r = with_merge_outputs(p, dtype);
       r.c.name = std::string("in place into part ") + std::to_string(k) + " " + pagedmha::dtype_name(dtype);
-      for (int t = 0; t < p.rows; ++t)
-        for (int h = 0; h < c.Hq; ++h) {
-          std::memcpy(r.lse.at({t, h}), out_lse.at({t, h}), 4);
-          for (int d = 0; d < c.D; ++d) std::memcpy(r.out.at({t, h, d}), out.at({t, h, d}), elem_size(dtype));
-        }
+      copy_merged(r, out, out_lse);
       EXPECT_TRUE(check_attention(r, p.reference(), merge_tolerance(dtype)));
     }
   }
