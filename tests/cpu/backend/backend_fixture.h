@@ -138,6 +138,18 @@ inline ::testing::AssertionResult close(const std::vector<double>& got, const st
   return ::testing::AssertionSuccess();
 }
 
+/// A decode step's batch: batch_size = seq_lens' length, the rest of the fields unset.
+inline ForwardBatch decode_batch(const TensorView& seq_lens, const TensorView& req_pool_indices,
+                                 const TensorView& req_to_page) {
+  ForwardBatch fb;
+  fb.forward_mode = ForwardMode::decode;
+  fb.batch_size = static_cast<int>(seq_lens.size(0));
+  fb.seq_lens = seq_lens;
+  fb.req_pool_indices = req_pool_indices;
+  fb.req_to_page = req_to_page;
+  return fb;
+}
+
 /// A backend config of `page_size`, `context_len`, `max_bs` and N speculative tokens
 /// (everything else the defaults).
 inline BackendConfig make_config(int page_size, int context_len, int max_bs, int N = 1) {

@@ -49,12 +49,7 @@ struct Step {
       for (int c = 0; c < C / P; ++c) r2p.v[static_cast<size_t>(i) * (C / P) + c] = 1 + (i - 1) * (C / P) + c;
   }
   ForwardBatch decode() {
-    ForwardBatch fb;
-    fb.forward_mode = ForwardMode::decode;
-    fb.batch_size = 2;
-    fb.seq_lens = seq.view();
-    fb.req_pool_indices = rpi.view();
-    fb.req_to_page = r2p.view();
+    ForwardBatch fb = decode_batch(seq.view(), rpi.view(), r2p.view());
     return fb;
   }
 };

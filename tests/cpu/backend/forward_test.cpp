@@ -57,12 +57,7 @@ TEST(BackendForward, DecodeSavesKvAndMatchesOracle) {
   V slots;
   for (int r = 0; r < 3; ++r) slots.push_back(static_cast<int32_t>(oracle::slot_of(st.row(rpi.v[r]), seq.v[r] - 1, st.P)));
   Ints loc(slots);
-  ForwardBatch fb;
-  fb.forward_mode = ForwardMode::decode;
-  fb.batch_size = 3;
-  fb.seq_lens = seq.view();
-  fb.req_pool_indices = rpi.view();
-  fb.req_to_page = st.r2p.view();
+  ForwardBatch fb = decode_batch(seq.view(), rpi.view(), st.r2p.view());
   be.init_forward_metadata(fb);
   Floats q(DType::bf16, {3, Hq * D}), k(DType::bf16, {3, Hkv * D}), v(DType::bf16, {3, Hkv * D}),
       out(DType::bf16, {3, Hq * D});

@@ -22,12 +22,7 @@ Ints req_to_page(int rows, int cols) {
 TEST(BackendMetadata, DecodeAliasesSeqLensAndGathersPaddedTable) {
   MhaBackend be(config(64, 256, 4));
   Ints r2p = req_to_page(4, 4), rpi({2, 1}), seq({65, 1});
-  ForwardBatch fb;
-  fb.forward_mode = ForwardMode::decode;
-  fb.batch_size = 2;
-  fb.req_pool_indices = rpi.view();
-  fb.seq_lens = seq.view();
-  fb.req_to_page = r2p.view();
+  ForwardBatch fb = decode_batch(seq.view(), rpi.view(), r2p.view());
   be.init_forward_metadata(fb);
   const AttentionMetadata* md = be.decode_metadata();
   ASSERT_NE(md, nullptr);
@@ -91,12 +86,7 @@ TEST(BackendMetadata, VerifyClampsIntoOwnBufferAndWritesRequestMajor) {
 TEST(BackendMetadata, VerifySingleTableReadsOnlyInsideTable) {
   MhaBackend be(config(4, 16, 2, /*N=*/4));
   Ints r2p = req_to_page(3, 4), rpi({1, 0}), seq({16, 1});
-  ForwardBatch fb;
-  fb.forward_mode = ForwardMode::decode;
-  fb.batch_size = 2;
-  fb.seq_lens = seq.view();
-  fb.req_pool_indices = rpi.view();
-  fb.req_to_page = r2p.view();
+  ForwardBatch fb = decode_batch(seq.view(), rpi.view(), r2p.view());
   be.init_forward_metadata(fb);
   const AttentionMetadata* md = be.prefill_metadata();
   EXPECT_EQ(values(md->cache_seqlens), (V{16, 4}));  // <= C = 16, >= N = 4
@@ -172,12 +162,7 @@ TEST(BackendMetadata, BlockDraftExpandsRowsAndClamps) {
   c.draft_block_decode = true;
   MhaBackend be(c);
   Ints r2p = req_to_page(4, 4), seq({6, 2, 40}), rpi({1, 3, 2});
-  ForwardBatch fb;
-  fb.forward_mode = ForwardMode::decode;
-  fb.batch_size = 3;
-  fb.seq_lens = seq.view();
-  fb.req_pool_indices = rpi.view();
-  fb.req_to_page = r2p.view();
+  ForwardBatch fb = decode_batch(seq.view(), rpi.view(), r2p.view());
   be.init_forward_metadata(fb);
   const AttentionMetadata* md = be.decode_metadata();
   ASSERT_NE(md, nullptr);

@@ -36,12 +36,8 @@ struct Fixture {
     r2p = Ints(t, kMaxBs + 1, C / P);
   }
   ForwardBatch decode(Ints& seq, Ints& rpi, int bs) {
-    ForwardBatch fb;
-    fb.forward_mode = ForwardMode::decode;
+    ForwardBatch fb = decode_batch(seq.view(), rpi.view(), r2p.view());
     fb.batch_size = bs;
-    fb.seq_lens = seq.view();
-    fb.req_pool_indices = rpi.view();
-    fb.req_to_page = r2p.view();
     return fb;
   }
 };
