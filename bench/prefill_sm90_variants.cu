@@ -160,7 +160,8 @@ int main(int argc, char** argv) {
   const Shape shapes[] = {
       {"llama3-8b", 32, 8, 128, 1, 16384, 16}, {"llama3-8b", 32, 8, 128, 1, 16384, 64},
       {"llama3-8b", 32, 8, 128, 4, 4096, 16},  {"gpt-oss", 64, 8, 64, 1, 16384, 16},
-      {"gpt-oss", 64, 8, 64, 4, 4096, 16},
+      {"gpt-oss", 64, 8, 64, 4, 4096, 16},     {"llama3-8b", 32, 8, 128, 16, 1024, 16},
+      {"gpt-oss", 64, 8, 64, 16, 1024, 16},
   };
   std::vector<bool> run(sizeof(shapes) / sizeof(shapes[0]), argc < 4);
   if (argc >= 4) {

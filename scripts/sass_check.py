@@ -3,11 +3,14 @@
 
 For every kernel whose name matches --kernels (default: the sm_90a prefill kernel) in
 the given object files or executables (cuobjdump --dump-sass), it reports:
-  * HGMMA instructions (none: the kernel is not on wgmma),
+  * HGMMA instructions (none: the kernel is not on wgmma), and how many of them wait for
+    their own completion (gsb0: a batch's last; when every HGMMA carries it, ptxas has
+    serialized the wgmma pipeline, e.g. for registers or a call inside it),
   * local-memory traffic (STL / LDL), split by role: the consumer warpgroups run the code
     before the producer's `USETMAXREG.DEALLOC`, the producer the code after it,
   * the highest register each role touches (against the setmaxnreg budgets).
-Exit status 1 when any kernel has no HGMMA or any STL / LDL, 2 when nothing matched.
+Exit status 1 when any kernel has no HGMMA, serialized HGMMAs or any STL / LDL, 2 when
+nothing matched.
 
   python3 scripts/sass_check.py build/cuda/src/CMakeFiles/pagedmha.dir/cuda/prefill_sm90/*.o
 """
@@ -47,6 +50,7 @@ def analyse(lines):
     count = lambda ls, op: sum(1 for l in ls if re.search(r"\b" + op + r"\b", l))
     return {
         "hgmma": count(lines, r"HGMMA\.[\w.]+"),
+        "hgmma_gsb0": sum(1 for l in lines if "HGMMA" in l and "gsb0" in l),
         "stl_ldl_consumer": count(cons, r"(STL|LDL)(\.\w+)*"),
         "stl_ldl_producer": count(prod, r"(STL|LDL)(\.\w+)*"),
         "regs_consumer": max_reg(cons),
@@ -64,11 +68,11 @@ def demangle(names):
 
 
 def short(name):
-    m = re.search(r"PrefillPolicy<(\d+), (true|false)>, (\w+), (\w+), (true|false)>", name)
+    m = re.search(r"PrefillPolicy<(\d+), (true|false), (true|false)>, (\w+), (\w+)>", name)
     if m:
-        load = "tma" if m.group(5) == "true" else "gather"
-        t = m.group(3).strip("_").replace("nv_bfloat16", "bf16").replace("half", "fp16")
-        kv = m.group(4).strip("_").replace("nv_bfloat16", "bf16").replace("half", "fp16").replace("nv_fp8_e4m3", "fp8")
+        load = "tma" if m.group(3) == "true" else "gather"
+        t = m.group(4).strip("_").replace("nv_bfloat16", "bf16").replace("half", "fp16")
+        kv = m.group(5).strip("_").replace("nv_bfloat16", "bf16").replace("half", "fp16").replace("nv_fp8_e4m3", "fp8")
         return f"prefill D={m.group(1)} {t}/{kv} {load}"
     return name[:44]
 
@@ -92,11 +96,12 @@ def main():
         print("sass_check: no kernel matched", args.kernels, file=sys.stderr)
         return 2
     names = demangle([n for n, _ in rows])
-    print(f"{'kernel':44} {'HGMMA':>6} {'STL/LDL c':>9} {'STL/LDL p':>9} {'regs c':>6} {'regs p':>6} {'instr':>6}  verdict")
+    print(f"{'kernel':44} {'HGMMA':>6} {'gsb0':>5} {'STL/LDL c':>9} {'STL/LDL p':>9} {'regs c':>6} {'regs p':>6} {'instr':>6}  verdict")
     for (name, a), pretty in zip(rows, names):
-        ok = a["hgmma"] > 0 and a["stl_ldl_consumer"] == 0 and a["stl_ldl_producer"] == 0
+        serial = a["hgmma"] > 0 and a["hgmma_gsb0"] == a["hgmma"]
+        ok = a["hgmma"] > 0 and not serial and a["stl_ldl_consumer"] == 0 and a["stl_ldl_producer"] == 0
         bad += not ok
-        print(f"{short(pretty):44} {a['hgmma']:6} {a['stl_ldl_consumer']:9} {a['stl_ldl_producer']:9} "
+        print(f"{short(pretty):44} {a['hgmma']:6} {a['hgmma_gsb0']:5} {a['stl_ldl_consumer']:9} {a['stl_ldl_producer']:9} "
               f"{a['regs_consumer']:6} {a['regs_producer']:6} {a['instructions']:6}  {'ok' if ok else 'FAIL'}")
     print(f"sass_check: {len(rows) - bad} of {len(rows)} kernels ok")
     return 1 if bad else 0

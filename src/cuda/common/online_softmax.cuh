@@ -56,9 +56,12 @@ struct SoftmaxRows {
     float ref[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
+      // Four independent chains (max is exact in any order): the maximum gates every
+      // exponential of the tile, and one chain of NS dependent FMNMX is its latency.
+      float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-      for (int i = 0; i < NS; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * h], s[i][2 * h + 1]));
+      for (int i = 0; i < NS; ++i) part[i % 4] = fmaxf(part[i % 4], fmaxf(s[i][2 * h], s[i][2 * h + 1]));
+      float mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       mx = fmaxf(m[h], mx * scale);  // scale > 0: max commutes with it

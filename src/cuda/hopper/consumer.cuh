@@ -3,8 +3,8 @@
 // registers) over the KV tiles, last first, with the online softmax in registers:
 //   * intra-warpgroup overlap: QK of tile j is issued together with P V of tile j - 1,
 //     and the softmax of tile j runs while that P V is in flight;
-//   * ping-pong: the two warpgroups take turns issuing (named barriers), so one's
-//     softmax overlaps the other's GEMMs.
+//   * ping-pong: the warpgroups take turns issuing (named barriers), so one's softmax
+//     overlaps the others' GEMMs.
 // The Variant (mask, logits transform, finalisation) is a template parameter; tiles
 // inside the keys every row sees skip the mask.
 #pragma once
@@ -66,14 +66,17 @@ struct Consumer {
 
   const Sm90Params& p;
   const SmemLayout<Pol> sm;  // by value: a reference would put it in local memory
-  int wg;    // 0 or 1: rows [64 wg, 64 wg + 64)
+  int wg;    // 0 .. W - 1: rows [64 wg, 64 wg + 64)
   int ltid;  // 0..127 within the warpgroup
 
+  // Turns rotate 0, 1, .., W - 1, 0, ..: warpgroup w waits on its barrier, which its
+  // predecessor arrives on once it has issued (256 threads: the waiter and the arriver).
+  static constexpr int W = Pol::kConsumerWarpgroups;
   __device__ void turn_wait() const {
     if constexpr (Pol::kPingPong) named_sync(kBarTurn0 + wg, 256);
   }
   __device__ void turn_pass() const {
-    if constexpr (Pol::kPingPong) named_arrive(kBarTurn0 + (wg ^ 1), 256);
+    if constexpr (Pol::kPingPong) named_arrive(kBarTurn0 + (wg + 1 == W ? 0 : wg + 1), 256);
   }
   int cluster, peer;  // CTAs per cluster; the other CTA's rank (cluster of two)
 
@@ -95,16 +98,16 @@ struct Consumer {
       cute::warpgroup_commit_batch();
       return;
     }
-    const uint32_t q = smem_addr(sm.q()) + wg * 64 * 128;
-    const uint32_t k = smem_addr(sm.k(slot));
+    const uint32_t q = desc_lo_k_major(smem_addr(sm.q()) + wg * 64 * 128);
+    const uint32_t k = desc_lo_k_major(smem_addr(sm.k(slot)));
     fence_operand(s);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       // k16 step kk: panel kk / 4, 32 bytes per step inside the panel's 128-byte rows.
       const uint32_t off = (kk % 4) * 32;
-      gmma_ss<BN, T>(s, desc_k_major(q + (kk / 4) * BM * 128 + off), desc_k_major(k + (kk / 4) * BN * 128 + off),
-                     kk > 0);
+      gmma_ss<BN, T>(s, gmma_desc(q + (((kk / 4) * BM * 128 + off) >> 4)),
+                     gmma_desc(k + (((kk / 4) * BN * 128 + off) >> 4)), kk > 0);
     }
     cute::warpgroup_commit_batch();
   }
@@ -114,10 +117,10 @@ struct Consumer {
       cute::warpgroup_commit_batch();
       return;
     }
-    const uint32_t v = smem_addr(sm.v(slot));
+    const uint32_t v = desc_lo_mn_major(smem_addr(sm.v(slot)), BN * 128);
     cute::warpgroup_arrive();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) gmma_rs<D, T>(o, pa[kk], desc_mn_major(v + kk * 16 * 128, BN * 128));
+    for (int kk = 0; kk < BN / 16; ++kk) gmma_rs<D, T>(o, pa[kk], gmma_desc(v + ((kk * 16 * 128) >> 4)));
     cute::warpgroup_commit_batch();
   }
 
@@ -165,7 +168,7 @@ struct Consumer {
     const Variant var{p.a};
     PipeState<S> ks, vs;
     uint32_t q_phase = 0;
-    if (Pol::kPingPong && wg == 1) named_arrive(kBarTurn0, 256);  // warpgroup 0 goes first
+    if (Pol::kPingPong && wg == W - 1) named_arrive(kBarTurn0, 256);  // warpgroup 0 goes first
     float s[BN / 8][4];
     uint32_t pa[BN / 16][4];
 #pragma unroll
@@ -240,7 +243,7 @@ struct Consumer {
       }
       epilogue(var, t, o, smx);
     }
-    if (Pol::kPingPong && wg == 0) named_sync(kBarTurn0, 256);  // warpgroup 1's last pass
+    if (Pol::kPingPong && wg == 0) named_sync(kBarTurn0, 256);  // the last warpgroup's last pass
   }
 
   __device__ void softmax(const Variant& var, float (&s)[BN / 8][4], int tile, const QueryTile& t, SoftmaxRows& smx,

@@ -101,8 +101,7 @@ struct SmemLayout {
 };
 
 // Named barriers (0 is __syncthreads): the consumers' turn-taking, the producer warpgroup.
-constexpr int kBarTurn0 = 1;      // consumer warpgroup 0 may issue its GEMMs (bar 2: warpgroup 1)
-constexpr int kBarProducer = 3;   // the 128 producer threads
-constexpr int kConsumerWarps = 8;  // arrivals on every empty barrier (one per consumer warp)
+constexpr int kBarProducer = 1;  // the 128 producer threads
+constexpr int kBarTurn0 = 2;     // consumer warpgroup w may issue its GEMMs: barrier kBarTurn0 + w
 
 }  // namespace pagedmha::cuda::sm90

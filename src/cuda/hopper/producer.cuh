@@ -28,8 +28,9 @@ namespace pagedmha::cuda::sm90 {
 /// kTma: K / V by TMA (16-bit into the stages, fp8 into the staging slots); else the
 /// cp.async gather. A template parameter, not a runtime flag: each kernel then holds one
 /// load path, and the producer's few registers (setmaxnreg) suffice for it.
-template <class Pol, class T, class KV, bool kTma>
+template <class Pol, class T, class KV>
 struct Producer {
+  static constexpr bool kTma = Pol::kKvTma;
   static constexpr int D = Pol::kHeadDim, BN = Pol::kBlockN, BM = Pol::kBlockM, S = Pol::kStages;
   static constexpr int kPanels = D / 64;
   static constexpr int kChunks = D / 8;  // 16-byte chunks of a 16-bit row

@@ -33,21 +33,32 @@ __device__ __forceinline__ uint32_t tile_offset(int rows, int r, int c) {
 
 // ---- GMMA (wgmma) --------------------------------------------------------------------
 
-/// Descriptor of a K-major B128 operand starting at `addr` (rows 128 B apart, 8-row
-/// groups 1024 B apart; the leading offset is unused for swizzled K-major layouts).
-/// Advancing k by 16 elements inside a panel adds 32 bytes to the start address.
-__device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
-  return static_cast<uint64_t>((addr >> 4) & 0x3FFF) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
+/// Shared-memory matrix descriptors of the B128 operands, in two 32-bit halves. The high
+/// half is the same for every operand here: stride offset 1024 B (8-row groups), swizzle
+/// mode 128 B (bit 62). The low half holds the start address >> 4 and the leading offset,
+/// so moving an operand by b bytes adds b >> 4 to it (addresses stay below 2^18: no carry
+/// out of the 14-bit field). Building each k-step's descriptor from an address costs five
+/// instructions; this way a k-step is one uniform add.
+constexpr uint32_t kDescHi = (1024 >> 4) | (1u << 30);
+
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t lo) { return (uint64_t{kDescHi} << 32) | lo; }
+
+/// K-major operand (Q and K of S = Q K^T) at `addr`: rows 128 B apart; the leading offset
+/// is unused for swizzled K-major layouts. Advancing k by 16 elements inside a panel adds
+/// 32 bytes.
+__device__ __forceinline__ uint32_t desc_lo_k_major(uint32_t addr) { return ((addr >> 4) & 0x3FFF) | (1u << 16); }
+
+/// MN-major operand (V as the B of P V: N = head dim along the 128-byte rows, K = keys down
+/// the rows): 64-column panels `panel_bytes` apart (leading offset). 16 keys further =
+/// +2048 B.
+__device__ __forceinline__ uint32_t desc_lo_mn_major(uint32_t addr, uint32_t panel_bytes) {
+  return ((addr >> 4) & 0x3FFF) | (((panel_bytes >> 4) & 0x3FFF) << 16);
 }
 
-/// Descriptor of an MN-major B128 operand (V as the B of P V: N = head dim along the
-/// 128-byte rows, K = keys down the rows): 8-key groups 1024 B apart (stride offset),
-/// 64-column panels `panel_bytes` apart (leading offset). 16 keys further = +2048 B.
-__device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t panel_bytes) {
-  return static_cast<uint64_t>((addr >> 4) & 0x3FFF) | (static_cast<uint64_t>((panel_bytes >> 4) & 0x3FFF) << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
-}
+/// The warpgroup of the calling thread, in a register the compiler knows is warp-uniform
+/// (a shuffle from lane 0), so what is derived from it (descriptors, barrier ids) lives in
+/// uniform registers instead of being moved into them before every wgmma.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0); }
 
 template <int N, class T>
 struct GmmaOps;

@@ -1,6 +1,6 @@
 // The Hopper prefill / extend kernel: a persistent grid (one CTA per SM, clusters of two
 // when they can share K / V) walking the plan's query tiles longest first; per CTA one
-// producer warpgroup (producer.cuh) and two consumer warpgroups (consumer.cuh) with
+// producer warpgroup (producer.cuh) and two or three consumer warpgroups (consumer.cuh) with
 // setmaxnreg moving registers to the consumers. Shapes and heuristics: policy.h.
 #pragma once
 
@@ -15,7 +15,7 @@
 
 namespace pagedmha::cuda::sm90 {
 
-template <class Pol, class T, class KV, bool kTma>
+template <class Pol, class T, class KV>
 __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_constant__ Sm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ char smem_raw[];
@@ -24,11 +24,11 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
   if (tid == 0) {
     // TMA: Producer::kTmaFullArrivals; else every producer thread (cp.async, or the fp8
     // conversion).
-    const uint32_t kv_arrivals = kTma && !Pol::kFp8Kv ? Producer<Pol, T, KV, kTma>::kTmaFullArrivals : 128;
+    const uint32_t kv_arrivals = Pol::kKvTma && !Pol::kFp8Kv ? Producer<Pol, T, KV>::kTmaFullArrivals : 128;
     // Every consumer warp of every CTA the stages are multicast to.
-    const uint32_t releases = kConsumerWarps * p.cluster;
+    const uint32_t releases = Pol::kConsumerWarps * p.cluster;
     Barrier::init(sm.q_full(), p.tma_q ? 1 : 128);
-    Barrier::init(sm.q_empty(), kConsumerWarps);
+    Barrier::init(sm.q_empty(), Pol::kConsumerWarps);
     for (int s = 0; s < Pol::kStages; ++s) {
       Barrier::init(sm.k_full(s), kv_arrivals);
       Barrier::init(sm.v_full(s), kv_arrivals);
@@ -52,10 +52,10 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
   }
   if (tid < 128) {
     cutlass::arch::warpgroup_reg_dealloc<Pol::kProducerRegs>();
-    Producer<Pol, T, KV, kTma>{p, sm, tid}.run();
+    Producer<Pol, T, KV>{p, sm, tid}.run();
   } else {
     cutlass::arch::warpgroup_reg_alloc<Pol::kConsumerRegs>();
-    Consumer<Pol, T, DeviceVariant>{p, sm, tid / 128 - 1, tid % 128}.run();
+    Consumer<Pol, T, DeviceVariant>{p, sm, warpgroup_index() - 1, tid % 128}.run();
   }
   // No CTA leaves while its peer may still arrive on its barriers.
   if (p.cluster > 1) {
@@ -66,9 +66,9 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
 }
 
 /// Persistent launch: `grid` CTAs (a multiple of `cluster`), clusters of `cluster`.
-template <class Pol, class T, class KV, bool kTma>
+template <class Pol, class T, class KV>
 void launch_prefill_kernel(const Sm90Params& p, int grid, cudaStream_t stream) {
-  auto* kernel = prefill_kernel<Pol, T, KV, kTma>;
+  auto* kernel = prefill_kernel<Pol, T, KV>;
   PAGEDMHA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Pol::kSmemBytes));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
@@ -87,10 +87,10 @@ void launch_prefill_kernel(const Sm90Params& p, int grid, cudaStream_t stream) {
 
 /// CTAs of the persistent grid: one per SM, or, in clusters of two, as many as can be
 /// resident at once (clusters live inside one GPC; cudaOccupancyMaxActiveClusters).
-template <class Pol, class T, class KV, bool kTma>
+template <class Pol, class T, class KV>
 int persistent_grid(int cluster, int num_sms) {
   if (cluster == 1) return num_sms;
-  auto* kernel = prefill_kernel<Pol, T, KV, kTma>;
+  auto* kernel = prefill_kernel<Pol, T, KV>;
   PAGEDMHA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Pol::kSmemBytes));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(num_sms));

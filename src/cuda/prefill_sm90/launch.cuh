@@ -44,23 +44,22 @@ bool kv_tensor_maps(const detail::KvCacheDesc& kv, int block_n, Sm90Params& p) {
          encode_tensor_map(&p.tm_v, dt, 4, kv.v.data, dims, vs, box, !kFp8);
 }
 
-template <class Pol, class T, class KV, bool kTma>
+template <class Pol, class T, class KV>
 void launch_persistent(const Sm90Params& p, int device, int num_sms, cudaStream_t stream) {
   static int grids[2][64] = {};  // per cluster size and device, computed once
   int& grid = grids[p.cluster - 1][device & 63];
-  if (grid == 0) grid = persistent_grid<Pol, T, KV, kTma>(p.cluster, num_sms);
+  if (grid == 0) grid = persistent_grid<Pol, T, KV>(p.cluster, num_sms);
   if (grid == 0) throw Error("batch_prefill: no cluster of " + std::to_string(p.cluster) + " CTAs fits this device");
-  launch_prefill_kernel<Pol, T, KV, kTma>(p, grid, stream);
+  launch_prefill_kernel<Pol, T, KV>(p, grid, stream);
 }
 
-template <int D, class T, class KV>
-void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, int num_sms, cudaStream_t stream) {
-  constexpr bool kFp8 = !std::is_same<KV, T>::value;
-  using Pol = PrefillPolicy<D, kFp8>;
-  Sm90Params p{};
-  p.a = a;
-  const bool tma = !PAGEDMHA_SM90_FORCE_GATHER && kv_tensor_maps<D, T, kFp8>(prob.kv, Pol::kBlockN, p);
-  if (!tma) p.geo = PageGeometry::make(prob.kv.page_size, 0);
+/// The plan and the persistent launch of one policy (the K / V load path is decided).
+template <class Pol, class T, class KV>
+void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs& a, Sm90Params& p, int num_sms,
+                      cudaStream_t stream) {
+  constexpr int D = Pol::kHeadDim;
+  constexpr bool kFp8 = Pol::kFp8Kv;
+  constexpr bool tma = Pol::kKvTma;
   p.tma_kv = tma && !kFp8;
   p.tma_raw = tma && kFp8;
   p.cluster = cluster_size(a.group, p.tma_kv);
@@ -86,10 +85,22 @@ void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, i
     const uint32_t box[3] = {64, uint32_t(p.pack), uint32_t(p.space.tokens)};
     p.tma_q = encode_tensor_map(&p.tm_q, tensor_map_dtype<T>(), 3, a.q, dims, strides, box);
   }
-  if (tma) {
-    launch_persistent<Pol, T, KV, true>(p, prob.device.index, num_sms, stream);
+  launch_persistent<Pol, T, KV>(p, prob.device.index, num_sms, stream);
+}
+
+template <int D, class T, class KV>
+void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, int num_sms, cudaStream_t stream) {
+  constexpr bool kFp8 = !std::is_same<KV, T>::value;
+  Sm90Params p{};
+  p.a = a;
+  // The tile's key count is the same for both load paths (policy.h).
+  static_assert(PrefillPolicy<D, kFp8, true>::kBlockN == PrefillPolicy<D, kFp8, false>::kBlockN, "block_n");
+  if (!PAGEDMHA_SM90_FORCE_GATHER &&
+      kv_tensor_maps<D, T, kFp8>(prob.kv, PrefillPolicy<D, kFp8, true>::kBlockN, p)) {
+    run_prefill_with<PrefillPolicy<D, kFp8, true>, T, KV>(prob, a, p, num_sms, stream);
   } else {
-    launch_persistent<Pol, T, KV, false>(p, prob.device.index, num_sms, stream);
+    p.geo = PageGeometry::make(prob.kv.page_size, 0);
+    run_prefill_with<PrefillPolicy<D, kFp8, false>, T, KV>(prob, a, p, num_sms, stream);
   }
 }
 

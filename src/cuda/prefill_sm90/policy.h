@@ -12,8 +12,9 @@
 // forces k K / V stages, PAGEDMHA_SM90_DIAG=1 leaves the softmax out (P = S), =2 the
 // consumers' GEMMs (softmax, waits and releases remain) and =3 both (the consumers only
 // wait and release: the rate at which the producer delivers K / V), PAGEDMHA_SM90_FTZ=0
-// the plain ex2 and PAGEDMHA_SM90_FORCE_GATHER=1 the cp.async gather where TMA could load
-// K / V.
+// the plain ex2, PAGEDMHA_SM90_FORCE_GATHER=1 the cp.async gather where TMA could load
+// K / V, PAGEDMHA_SM90_WG3=0 two consumer warpgroups at D = 64 and
+// PAGEDMHA_SM90_WG3_PRODUCER_REGS=r the producer's registers with three.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 1
 #endif
@@ -29,18 +30,29 @@
 #ifndef PAGEDMHA_SM90_FTZ
 #define PAGEDMHA_SM90_FTZ 1
 #endif
+#ifndef PAGEDMHA_SM90_WG3
+#define PAGEDMHA_SM90_WG3 1
+#endif
+#ifndef PAGEDMHA_SM90_WG3_PRODUCER_REGS
+#define PAGEDMHA_SM90_WG3_PRODUCER_REGS 32
+#endif
 
 namespace pagedmha::cuda::sm90 {
 
-/// Compile-time shape of one instantiation (head dim D, fp8 or 16-bit cache).
-template <int D, bool Fp8Kv>
+/// Compile-time shape of one instantiation: head dim D, fp8 or 16-bit cache, and whether
+/// K / V come by TMA (else the producer's cp.async gather).
+template <int D, bool Fp8Kv, bool KvTma>
 struct PrefillPolicy {
   static constexpr int kHeadDim = D;
   static constexpr bool kFp8Kv = Fp8Kv;
-  // 128 query rows per CTA: two consumer warpgroups of 64 rows (wgmma's M). A third
-  // consumer warpgroup at D = 64 (FA3's 192 rows) is left for later: it needs
-  // 3 x 128 x ~160 registers and the producer's share.
-  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr bool kKvTma = KvTma;
+  // Consumer warpgroups of 64 query rows each (wgmma's M): two (128 rows), three at
+  // D = 64 (192 rows, FA3's shape there): a D = 64 tile's GEMMs take about as long as its
+  // 128 x 128 exponentials on the MUFU unit, so a third warpgroup's softmax fills the
+  // tensor cores' idle time (docs/perf-notes.md). Only with TMA loads: the gather
+  // producer does not fit the 32 registers three consumer warpgroups leave it.
+  static constexpr int kConsumerWarpgroups = D == 64 && KvTma && PAGEDMHA_SM90_WG3 ? 3 : 2;
+  static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;  // arrivals on an empty barrier
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128; 64 at
@@ -53,9 +65,12 @@ struct PrefillPolicy {
   // setmaxnreg: 384 threads start with 168 registers (64K / 384, rounded down to 8);
   // the producer warpgroup gives some up and the consumers take them: 128 x 72 +
   // 256 x 216 = 64,512. The consumers need ~185 (D <= 128) to ~200 (D = 256, O alone is
-  // 128); the producer's TMA paths ~60 (fp8: the staging and the conversion).
-  static constexpr int kProducerRegs = 72;
-  static constexpr int kConsumerRegs = 216;
+  // 128); the producer's TMA paths ~60 (fp8: the staging and the conversion). Three
+  // consumer warpgroups (512 threads, 128 each): 128 x 32 + 384 x 160 = 65,536 (FA3's
+  // split); at D = 64 S, P and O take 128 of the 160, and the producer's TMA path fits
+  // in 22 (ptxas allocates each setmaxnreg region within its count: no spills in either).
+  static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? PAGEDMHA_SM90_WG3_PRODUCER_REGS : 72;
+  static constexpr int kConsumerRegs = kConsumerWarpgroups == 3 ? (65536 - 128 * kProducerRegs) / 384 / 8 * 8 : 216;
   // Two consumer warpgroups take turns issuing their GEMMs (named barriers), so one's
   // softmax overlaps the other's tensor-core work; within a warpgroup, QK of tile j + 1
   // is issued before the softmax of tile j.
