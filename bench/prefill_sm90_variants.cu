@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/prefill_sm90/launch.cuh"
@@ -48,26 +49,43 @@ __global__ void fill_random(__nv_bfloat16* x, int64_t n, uint32_t seed, float sc
   }
 }
 
+__global__ void fill_random_fp8(__nv_fp8_e4m3* x, int64_t n, uint32_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+    x[i] = __nv_fp8_e4m3((static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * scale);  // saturating
+  }
+}
+
 struct Shape {
   const char* model;
   int hq, hkv, d, batch, seq, page;
+  bool fp8 = false;  // e4m3 K / V
 };
 
-template <int D>
+template <int D, bool kFp8>
 double run_shape(const Shape& s, int sms, cudaStream_t stream) {
+  using KV = std::conditional_t<kFp8, __nv_fp8_e4m3, __nv_bfloat16>;
+  constexpr int64_t kv_es = sizeof(KV);
   const int B = s.batch, S = s.seq, P = s.page;
   const int64_t rows = int64_t{B} * S;
   const int pages_per_req = (S + P - 1) / P;
   const int64_t num_pages = int64_t{B} * pages_per_req + 1;
   const int64_t slots = num_pages * P;
-  __nv_bfloat16 *q, *k, *v, *o;
+  __nv_bfloat16 *q, *o;
+  KV *k, *v;
   CHECK(cudaMalloc(&q, rows * s.hq * D * 2));
   CHECK(cudaMalloc(&o, rows * s.hq * D * 2));
-  CHECK(cudaMalloc(&k, slots * s.hkv * D * 2));
-  CHECK(cudaMalloc(&v, slots * s.hkv * D * 2));
+  CHECK(cudaMalloc(&k, slots * s.hkv * D * kv_es));
+  CHECK(cudaMalloc(&v, slots * s.hkv * D * kv_es));
   fill_random<<<1024, 256, 0, stream>>>(q, rows * s.hq * D, 1, 2.0f);
-  fill_random<<<1024, 256, 0, stream>>>(k, slots * s.hkv * D, 2, 2.0f);
-  fill_random<<<1024, 256, 0, stream>>>(v, slots * s.hkv * D, 3, 2.0f);
+  if constexpr (kFp8) {
+    fill_random_fp8<<<1024, 256, 0, stream>>>(k, slots * s.hkv * D, 2, 2.0f);
+    fill_random_fp8<<<1024, 256, 0, stream>>>(v, slots * s.hkv * D, 3, 2.0f);
+  } else {
+    fill_random<<<1024, 256, 0, stream>>>(k, slots * s.hkv * D, 2, 2.0f);
+    fill_random<<<1024, 256, 0, stream>>>(v, slots * s.hkv * D, 3, 2.0f);
+  }
   std::vector<int32_t> table(int64_t{B} * pages_per_req), lens(B, S), cu(B + 1);
   std::iota(table.begin(), table.end(), 1);
   std::shuffle(table.begin(), table.end(), std::mt19937(7));  // random page order
@@ -98,7 +116,7 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   p.out_head_stride = D;
   p.kv.k = {k, int64_t{P} * s.hkv * D, int64_t{s.hkv} * D, D};
   p.kv.v = {v, int64_t{P} * s.hkv * D, int64_t{s.hkv} * D, D};
-  p.kv.dtype = DType::bf16;
+  p.kv.dtype = kFp8 ? DType::fp8_e4m3 : DType::bf16;
   p.kv.num_pages = num_pages;
   p.kv.page_size = P;
   p.kv.num_kv_heads = s.hkv;
@@ -119,7 +137,7 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   p.workspace = ws;
   p.workspace_bytes = ws_bytes;
   const AttentionArgs a = make_attention_args(p);
-  auto launch = [&] { sm90::run_prefill<D, __nv_bfloat16, __nv_bfloat16>(p, a, sms, stream); };
+  auto launch = [&] { sm90::run_prefill<D, __nv_bfloat16, KV>(p, a, sms, stream); };
   launch();
   launch();
   CHECK(cudaStreamSynchronize(stream));
@@ -161,7 +179,8 @@ int main(int argc, char** argv) {
       {"llama3-8b", 32, 8, 128, 1, 16384, 16}, {"llama3-8b", 32, 8, 128, 1, 16384, 64},
       {"llama3-8b", 32, 8, 128, 4, 4096, 16},  {"gpt-oss", 64, 8, 64, 1, 16384, 16},
       {"gpt-oss", 64, 8, 64, 4, 4096, 16},     {"llama3-8b", 32, 8, 128, 16, 1024, 16},
-      {"gpt-oss", 64, 8, 64, 16, 1024, 16},
+      {"gpt-oss", 64, 8, 64, 16, 1024, 16},    {"llama3-8b", 32, 8, 128, 1, 16384, 16, true},
+      {"llama3-8b", 32, 8, 128, 4, 4096, 16, true},
   };
   std::vector<bool> run(sizeof(shapes) / sizeof(shapes[0]), argc < 4);
   if (argc >= 4) {
@@ -180,17 +199,18 @@ int main(int argc, char** argv) {
   for (size_t si = 0; si < run.size(); ++si) {
     if (!run[si]) continue;
     const Shape& s = shapes[si];
-    const double us = s.d == 128 ? run_shape<128>(s, sms, stream) : run_shape<64>(s, sms, stream);
+    const double us = s.d == 128 ? (s.fp8 ? run_shape<128, true>(s, sms, stream) : run_shape<128, false>(s, sms, stream))
+                                 : run_shape<64, false>(s, sms, stream);
     const double pairs = double(s.batch) * s.seq * (s.seq + 1) / 2.0;
     const double tflops = 4.0 * s.hq * s.d * pairs / (us * 1e-6) / 1e12;
-    std::printf("%-24s %-10s %2dx%-6d p%-3d %10.1f us %8.1f TFLOP/s\n", argv[1], s.model, s.batch, s.seq, s.page, us,
-                tflops);
+    std::printf("%-24s %-10s %2dx%-6d p%-3d %-4s %10.1f us %8.1f TFLOP/s\n", argv[1], s.model, s.batch, s.seq, s.page,
+                s.fp8 ? "fp8" : "bf16", us, tflops);
     if (out) {
       std::fprintf(out,
                    "{\"op\": \"prefill\", \"impl\": \"pagedmha-variant\", \"variant\": \"%s\", \"model\": \"%s\", "
-                   "\"batch\": %d, \"ctx\": %d, \"q_len\": %d, \"page_size\": %d, \"kv_dtype\": \"bf16\", "
+                   "\"batch\": %d, \"ctx\": %d, \"q_len\": %d, \"page_size\": %d, \"kv_dtype\": \"%s\", "
                    "\"time_us\": %.2f, \"tflops\": %.2f}\n",
-                   argv[1], s.model, s.batch, s.seq, s.seq, s.page, us, tflops);
+                   argv[1], s.model, s.batch, s.seq, s.seq, s.page, s.fp8 ? "fp8_e4m3" : "bf16", us, tflops);
     }
   }
   if (out) std::fclose(out);

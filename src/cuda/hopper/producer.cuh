@@ -319,12 +319,12 @@ struct Producer {
       wait(is_v ? sm.v_empty(slot) : sm.k_empty(slot), (is_v ? vs.phase : ks.phase) ^ 1);
       const char* src = sm.raw(raw.slot);
       char* dst = is_v ? sm.v(slot) : sm.k(slot);
-#pragma unroll 2
+#pragma unroll(Pol::kFp8ConvertUnroll)
       for (int idx = tid; idx < BN * (D / 16); idx += 128) {
         const int r = idx / (D / 16), c = idx % (D / 16);
         const int pos = sp.key0 + r;
         uint4 out[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-        if (pos >= sp.a && pos < sp.e) fp8x16_to<T>(*reinterpret_cast<const uint4*>(src + r * D + c * 16), out);
+        if (pos >= sp.a && pos < sp.e) fp8x16_cache_to<T>(*reinterpret_cast<const uint4*>(src + r * D + c * 16), out);
         *reinterpret_cast<uint4*>(dst + tile_offset(BN, r, 2 * c)) = out[0];
         *reinterpret_cast<uint4*>(dst + tile_offset(BN, r, 2 * c + 1)) = out[1];
       }

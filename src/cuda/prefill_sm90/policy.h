@@ -14,7 +14,9 @@
 // wait and release: the rate at which the producer delivers K / V), PAGEDMHA_SM90_FTZ=0
 // the plain ex2, PAGEDMHA_SM90_FORCE_GATHER=1 the cp.async gather where TMA could load
 // K / V, PAGEDMHA_SM90_WG3=0 two consumer warpgroups at D = 64 and
-// PAGEDMHA_SM90_WG3_PRODUCER_REGS=r the producer's registers with three.
+// PAGEDMHA_SM90_WG3_PRODUCER_REGS=r the producer's registers with three,
+// PAGEDMHA_SM90_FP8_UNROLL=u the fp8 conversion loop's unroll, PAGEDMHA_SM90_FP8_BLOCK_N
+// and PAGEDMHA_SM90_FP8_RAW_SLOTS the fp8 tile's keys (D <= 128) and staging slots.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 1
 #endif
@@ -32,6 +34,15 @@
 #endif
 #ifndef PAGEDMHA_SM90_WG3
 #define PAGEDMHA_SM90_WG3 1
+#endif
+#ifndef PAGEDMHA_SM90_FP8_UNROLL
+#define PAGEDMHA_SM90_FP8_UNROLL 2
+#endif
+#ifndef PAGEDMHA_SM90_FP8_BLOCK_N
+#define PAGEDMHA_SM90_FP8_BLOCK_N 128
+#endif
+#ifndef PAGEDMHA_SM90_FP8_RAW_SLOTS
+#define PAGEDMHA_SM90_FP8_RAW_SLOTS 4
 #endif
 #ifndef PAGEDMHA_SM90_WG3_PRODUCER_REGS
 #define PAGEDMHA_SM90_WG3_PRODUCER_REGS 32
@@ -57,11 +68,13 @@ struct PrefillPolicy {
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128; 64 at
   // D = 256, whose O accumulator alone is 128 registers per thread.
-  static constexpr int kBlockN = D == 256 ? 64 : 128;
+  static constexpr int kBlockN = D == 256 ? 64 : (Fp8Kv ? PAGEDMHA_SM90_FP8_BLOCK_N : 128);
   // fp8 caches land raw (BN x D bytes) in staging slots the producer warpgroup converts
   // from into the 16-bit stages: 4 (3 tiles in flight while one converts: a tile's load
   // latency is ~3 conversions) where shared memory allows, 2 at D = 256.
-  static constexpr int kRawSlots = Fp8Kv ? (D == 256 ? 2 : 4) : 0;
+  static constexpr int kRawSlots = Fp8Kv ? (D == 256 ? 2 : PAGEDMHA_SM90_FP8_RAW_SLOTS) : 0;
+  // 16-byte chunks each producer thread converts at once (loads in flight per thread).
+  static constexpr int kFp8ConvertUnroll = PAGEDMHA_SM90_FP8_UNROLL;
   // setmaxnreg: 384 threads start with 168 registers (64K / 384, rounded down to 8);
   // the producer warpgroup gives some up and the consumers take them: 128 x 72 +
   // 256 x 216 = 64,512. The consumers need ~185 (D <= 128) to ~200 (D = 256, O alone is
