@@ -86,6 +86,7 @@ struct BackendConfig {
   /// workspace when workspace_bytes is 0, else checks it.
   int num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
   /// Cache groups of the "state" family (recurrent layers without KV): dropped everywhere.
+  /// Distinct ids (a repeated one is an error).
   std::vector<std::string> state_cache_groups;
   /// Stream every op of this backend is issued on (set_stream changes it).
   Stream stream{};

@@ -246,7 +246,7 @@ Config (keyword arguments, fixed for the backend's lifetime):
     draft_block_decode: block-diffusion (DFLASH) drafter. workspace_bytes: decode workspace
     (0: sized from num_q_heads, num_kv_heads, head_dim of the largest layer, or by
     register_layers). state_cache_groups: recurrent cache
-    groups to ignore. stream: cudaStream_t as int for the backend's ops (set_stream changes it).
+    groups to ignore (distinct ids). stream: cudaStream_t as int for the backend's ops (set_stream changes it).
 
 Raises:
     pagedmha.Error: invalid config values (and, for create_backend, an unknown name).)";

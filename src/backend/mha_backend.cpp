@@ -118,6 +118,7 @@ MhaBackend::MhaBackend(const BackendConfig& config) try : config_(config) {
   if (c.out_dtype != DType::bf16 && c.out_dtype != DType::fp16) {
     fail("config.out_dtype", "bf16 or fp16", dtype_name(c.out_dtype));
   }
+  check_unique_ids(c.state_cache_groups, "config.state_cache_groups");
   const Device dev = c.device;
   const Stream s = c.stream;
   const int N = c.spec_num_tokens;
