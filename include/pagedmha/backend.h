@@ -102,7 +102,8 @@ struct LayerSpec {
   float scaling = 0.0f;
   int window_left = -1;  ///< W; -1: no window (HF sliding_window S -> S - 1)
   /// fp8 caches only: stored = x / scale; reads use bmm1 = scaling * k_scale, bmm2 = v_scale.
-  /// Ignored (treated as 1) for bf16 / fp16 caches, which store values unscaled.
+  /// Ignored (treated as 1) for bf16 / fp16 caches, which store values unscaled. Must be
+  /// finite and > 0 for every cache dtype (error otherwise: 0 or NaN is never meant).
   float k_scale = 1.0f, v_scale = 1.0f;
   float logits_soft_cap = 0.0f;
   /// Cache group whose page table this layer reads and writes. With one group in the step

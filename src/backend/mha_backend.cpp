@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "backend/buffers.h"
@@ -32,6 +33,13 @@ const char* forward_mode_name(ForwardMode mode) {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A float as the user would write it ("0", "-1", "inf", "nan"; str() takes integers).
+std::string float_str(float v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
 
 Buffer upload(const std::vector<int32_t>& host, Device dev, Stream s) {
   Buffer b(std::max<std::size_t>(host.size(), 1) * 4, dev);
@@ -627,10 +635,10 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   if (!std::isfinite(layer.logits_soft_cap) || layer.logits_soft_cap < 0.0f) {
     fail("layer.logits_soft_cap", "a finite value >= 0 (0: off)", std::to_string(layer.logits_soft_cap));
   }
-  if (fp8) {
-    for (const auto& [x, name] : {std::pair{layer.k_scale, "layer.k_scale"}, std::pair{layer.v_scale, "layer.v_scale"}}) {
-      if (!std::isfinite(x) || x <= 0.0f) fail(name, "a finite value > 0", std::to_string(x));
-    }
+  // Checked for every cache dtype: a 16-bit cache ignores the scales, but 0, a negative
+  // or a non-finite scale is a mistake wherever it is set (docs/semantics.md section 8.5).
+  for (const auto& [x, name] : {std::pair{layer.k_scale, "layer.k_scale"}, std::pair{layer.v_scale, "layer.v_scale"}}) {
+    if (!std::isfinite(x) || x <= 0.0f) fail(name, "a finite value > 0", float_str(x));
   }
   if (layer.sinks.defined()) {
     const TensorView& sk = layer.sinks;
