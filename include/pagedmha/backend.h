@@ -134,7 +134,8 @@ struct ForwardBatch {
   /// CPU device or seq_lens_cpu; a contract on CUDA).
   TensorView seq_lens;
   /// host int32 [>= bs] (optional): a host copy of seq_lens, used only for checks and to
-  /// derive extend prefixes.
+  /// derive extend prefixes. Must equal seq_lens[0, bs) (checked on the CPU device, and on
+  /// CUDA in debug validation, which copies seq_lens to the host and synchronises).
   TensorView seq_lens_cpu;
   /// host int32 [>= bs]: new tokens per request (extend / mixed: decode rows give 1).
   TensorView extend_seq_lens_cpu;

@@ -242,20 +242,32 @@ void MhaBackend::check_unique_ids(const std::vector<CacheGroupTable>& tables, co
 }
 
 std::optional<std::vector<int32_t>> MhaBackend::host_seq_lens(const ForwardBatch& b, int bs) const {
-  std::vector<int32_t> L;
-  const char* arg = "batch.seq_lens";
+  // seq_lens itself where the host can read it: the CPU device, or a CUDA device in debug
+  // validation, which may synchronise (docs/semantics.md section 8.4).
+  std::optional<std::vector<int32_t>> seq;
   if (config_.device.is_cpu()) {
-    L = host_values(b.seq_lens, arg, bs);
-  } else if (b.seq_lens_cpu.defined()) {
-    arg = "batch.seq_lens_cpu";
-    L = host_values(b.seq_lens_cpu, arg, bs);
-  } else {
-    return std::nullopt;
+    seq = host_values(b.seq_lens, "batch.seq_lens", bs);
+  } else if (debug_validation() && b.seq_lens_cpu.defined() && bs > 0) {
+    seq.emplace(static_cast<std::size_t>(bs));
+    copy_bytes(seq->data(), Device::cpu(), b.seq_lens.data, b.seq_lens.device, std::size_t(bs) * 4, config_.stream);
+    synchronize(config_.stream);
   }
+  std::optional<std::vector<int32_t>> copy;
+  if (b.seq_lens_cpu.defined()) copy = host_values(b.seq_lens_cpu, "batch.seq_lens_cpu", bs);
+  if (!seq && !copy) return std::nullopt;
+  const char* arg = seq ? "batch.seq_lens" : "batch.seq_lens_cpu";
+  const std::vector<int32_t>& L = seq ? *seq : *copy;
   // Lengths past C would be clamped (verify) or read past the table's intent: refuse them.
   for (int r = 0; r < bs; ++r) {
     if (L[r] < 0 || L[r] > config_.context_len) {
       fail(arg, "lengths in 0.." + str(config_.context_len) + " (context_len)", str(L[r]) + " at " + str(r));
+    }
+  }
+  // A stale host copy would derive wrong extend prefixes and pass wrong checks.
+  for (int r = 0; seq && copy && r < bs; ++r) {
+    if ((*copy)[r] != (*seq)[r]) {
+      fail("batch.seq_lens_cpu", "a host copy of batch.seq_lens (" + str((*seq)[r]) + " at " + str(r) + ")",
+           str((*copy)[r]) + " at " + str(r));
     }
   }
   return L;
