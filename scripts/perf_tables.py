@@ -304,8 +304,9 @@ def _replay_column(doc: dict) -> List[str]:
         _num(s.get("extend_steps_tflops"), 1) if has_ext else "n/a (no extend steps)",
         _num(s.get("ratio_roofline"), 3) if s.get("ratio_roofline") is not None else no_ratio,
         meta_us,
-        _pct(s.get("prefix_hit_rate")) + (f" ({s['prefix_hit_tokens']} tokens)"
-                                          if isinstance(s.get("prefix_hit_tokens"), int) else ""),
+        (f"n/a ({s['prefix_hit_rate_na']})" if s.get("prefix_hit_rate") is None and s.get("prefix_hit_rate_na")
+         else _pct(s.get("prefix_hit_rate")) + (f" ({s['prefix_hit_tokens']} tokens)"
+                                                if isinstance(s.get("prefix_hit_tokens"), int) else "")),
         str(s.get("preemptions", "-")),
         check,
         _num(s.get("wall_time_s"), 1) + (f" (limit {limit:g})" if isinstance(limit, (int, float)) else ""),

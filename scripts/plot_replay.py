@@ -70,8 +70,10 @@ def main() -> int:
         figures = f"{fig_of('achieved_tbps', '.3f')} TB/s, {fig_of('achieved_tflops', '.2f')} TFLOP/s, "
         if s.get("ratio_roofline") is not None:
             figures += f"roofline ratio {s['ratio_roofline']:.3f}, "
+    # null (with prefix_hit_rate_na saying why) when no prompt could hit the prefix cache
+    prefix = "prefix hit n/a" if s.get("prefix_hit_rate") is None else f"prefix hit {s['prefix_hit_rate']:.1%}"
     fig.suptitle(f"{rep['model']['name']} on {rep['device']}: {s['requests']} requests, {s['steps']} steps, "
-                 f"{figures}prefix hit {s['prefix_hit_rate']:.1%}, preemptions {s['preemptions']}{trunc}")
+                 f"{figures}{prefix}, preemptions {s['preemptions']}{trunc}")
     fig.tight_layout()
     try:
         fig.savefig(args.output, dpi=110)

@@ -86,6 +86,7 @@ struct BackendConfig {
   /// workspace when workspace_bytes is 0, else checks it.
   int num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
   /// Cache groups of the "state" family (recurrent layers without KV): dropped everywhere.
+  /// Distinct ids (a repeated one is an error).
   std::vector<std::string> state_cache_groups;
   /// Stream every op of this backend is issued on (set_stream changes it).
   Stream stream{};
@@ -101,7 +102,8 @@ struct LayerSpec {
   float scaling = 0.0f;
   int window_left = -1;  ///< W; -1: no window (HF sliding_window S -> S - 1)
   /// fp8 caches only: stored = x / scale; reads use bmm1 = scaling * k_scale, bmm2 = v_scale.
-  /// Ignored (treated as 1) for bf16 / fp16 caches, which store values unscaled.
+  /// Ignored (treated as 1) for bf16 / fp16 caches, which store values unscaled. Must be
+  /// finite and > 0 for every cache dtype (error otherwise: 0 or NaN is never meant).
   float k_scale = 1.0f, v_scale = 1.0f;
   float logits_soft_cap = 0.0f;
   /// Cache group whose page table this layer reads and writes. With one group in the step
@@ -132,7 +134,8 @@ struct ForwardBatch {
   /// CPU device or seq_lens_cpu; a contract on CUDA).
   TensorView seq_lens;
   /// host int32 [>= bs] (optional): a host copy of seq_lens, used only for checks and to
-  /// derive extend prefixes.
+  /// derive extend prefixes. Must equal seq_lens[0, bs) (checked on the CPU device, and on
+  /// CUDA in debug validation, which copies seq_lens to the host and synchronises).
   TensorView seq_lens_cpu;
   /// host int32 [>= bs]: new tokens per request (extend / mixed: decode rows give 1).
   TensorView extend_seq_lens_cpu;

@@ -13,7 +13,8 @@ default stream; CPU calls ignore it and return when done.
 Errors: invalid arguments raise :class:`Error` (a ``ValueError``) whose message names the
 op, the argument, the expectation and the value given; so do arguments of the wrong type
 (None for a required array, a float page size, a str for an int, a missing argument),
-which the extension alone would report as a ``TypeError``.
+which the extension alone would report as a ``TypeError``, and a bool where an int or a
+float is expected (``page_size=True``), which the extension alone would take as 1.
 
 Softmax scale: ``bmm1_scale=None`` (the default of batch_decode and batch_prefill) means
 ``head_dim ** -0.5`` with head_dim = ``q.shape[-1]``, as in FlashAttention and FlashInfer;

@@ -4,8 +4,13 @@ nanobind answers a call whose arguments do not convert (None for a required arra
 page size, a str for an int, a missing argument) with a TypeError that dumps the whole
 signature. ``checked`` catches that TypeError and, from the extension function's own
 signature (``__nb_signature__``), finds the first argument at fault and raises
-:class:`pagedmha.Error` "<call>: <argument>: expected ..., got ...". Calls that succeed pay
-nothing; a TypeError it cannot explain propagates unchanged.
+:class:`pagedmha.Error` "<call>: <argument>: expected ..., got ...". A TypeError it cannot
+explain propagates unchanged.
+
+nanobind also converts a bool where an int or a float is expected (bool is an int
+subclass), so ``page_size=True`` would run with page size 1. Calls given a bool anywhere
+are therefore judged before they run (a bool is refused except where the signature says
+bool); calls without one pay only that scan.
 """
 
 from __future__ import annotations
@@ -100,9 +105,9 @@ _ARRAY = "an array (NumPy, PyTorch, CuPy or any DLPack producer) or a pagedmha.T
 
 
 def _is_int(v) -> bool:
-    """An int as nanobind takes one (operator.index works: Python and NumPy integer
-    scalars and bools, not 1-element arrays)."""
-    if isinstance(v, (float, str, bytes)):
+    """An int: operator.index works (Python and NumPy integer scalars, not 1-element
+    arrays), and not a bool (nanobind would take True as 1)."""
+    if isinstance(v, (float, str, bytes)) or _is_bool(v):
         return False
     try:
         operator.index(v)
@@ -112,11 +117,19 @@ def _is_int(v) -> bool:
 
 
 def _is_float(v) -> bool:
-    return not isinstance(v, (str, bytes)) and (isinstance(v, (int, float)) or hasattr(type(v), "__float__"))
+    """A real number, not a bool (nanobind would take True as 1.0)."""
+    return not isinstance(v, (str, bytes)) and not _is_bool(v) and (
+        isinstance(v, (int, float)) or hasattr(type(v), "__float__"))
 
 
 def _is_bool(v) -> bool:
-    return isinstance(v, bool) or type(v).__name__ == "bool_"  # numpy.bool_
+    """A Python bool or a NumPy one (numpy.bool_, named numpy.bool since NumPy 2)."""
+    return isinstance(v, bool) or (type(v).__name__ in ("bool_", "bool")
+                                   and type(v).__module__ == "numpy")
+
+
+def _has_bool(args: tuple, kwargs: dict) -> bool:
+    return any(map(_is_bool, args)) or any(map(_is_bool, kwargs.values()))
 
 
 def _class_check(name: str):
@@ -235,8 +248,16 @@ def checked(op: str, raw, func: Optional[Callable] = None, method: bool = False,
             raise error
         raise _pagedmha.Error(message) from None
 
+    def refuse_bools(args, kwargs):
+        """A bool where the signature wants an int or a float (nanobind would convert it)."""
+        if _has_bool(args, kwargs):
+            message = diagnose(op, params, args, kwargs)
+            if message is not None:
+                raise _pagedmha.Error(message)
+
     if method:
         def call_method(self, *args, **kwargs):
+            refuse_bools(args, kwargs)
             try:
                 return func(self, *args, **kwargs)
             except errors as error:
@@ -244,6 +265,7 @@ def checked(op: str, raw, func: Optional[Callable] = None, method: bool = False,
         return functools.wraps(like or func)(call_method)
 
     def call(*args, **kwargs):
+        refuse_bools(args, kwargs)
         try:
             return func(*args, **kwargs)
         except errors as error:

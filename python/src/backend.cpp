@@ -246,7 +246,7 @@ Config (keyword arguments, fixed for the backend's lifetime):
     draft_block_decode: block-diffusion (DFLASH) drafter. workspace_bytes: decode workspace
     (0: sized from num_q_heads, num_kv_heads, head_dim of the largest layer, or by
     register_layers). state_cache_groups: recurrent cache
-    groups to ignore. stream: cudaStream_t as int for the backend's ops (set_stream changes it).
+    groups to ignore (distinct ids). stream: cudaStream_t as int for the backend's ops (set_stream changes it).
 
 Raises:
     pagedmha.Error: invalid config values (and, for create_backend, an unknown name).)";
@@ -295,7 +295,7 @@ void bind_backend(nb::module_& m) {
           "layer_id; num_q_heads Hq; num_kv_heads Hkv (Hq % Hkv == 0); head_dim D (64, 128,\n"
           "256); scaling: sm_scale, None (the default) or 0: D**-0.5; window_left: W (-1: none; HF sliding_window\n"
           "S -> S - 1); k_scale, v_scale: fp8 cache scales (stored = x / scale; ignored for\n"
-          "16-bit caches); logits_soft_cap: 0 disables; group_id: cache group whose table this\n"
+          "16-bit caches; finite and > 0 for every cache); logits_soft_cap: 0 disables; group_id: cache group whose table this\n"
           "layer uses; sinks: optional fp32 [Hq] sink logits.")
       .def_prop_ro("layer_id", [](const PyLayerSpec& l) { return l.spec.layer_id; })
       .def_prop_ro("num_q_heads", [](const PyLayerSpec& l) { return l.spec.num_q_heads; })

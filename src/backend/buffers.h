@@ -1,6 +1,6 @@
 // Internal helpers shared by the MhaBackend translation units (mha_backend.cpp,
-// graph_state.cpp, registry.cpp): argument errors and the int32 metadata buffers the
-// backend owns.
+// graph_state.cpp, registry.cpp, field_checks.cpp): argument errors, checks of the batch
+// and layer fields, and the int32 metadata buffers the backend owns.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "pagedmha/error.h"
 #include "pagedmha/memory.h"
@@ -90,5 +91,21 @@ inline Buffer zeros(int64_t n_int32, Device dev, Stream s) {
   fill_bytes(b.data(), dev, 0, b.bytes(), s);
   return b;
 }
+
+// ---- Checks of batch and layer fields (field_checks.cpp) ----
+
+/// A float as the user would write it ("0", "-1", "inf", "nan"; str() takes integers).
+std::string float_str(float v);
+/// int32 [>= min_len], contiguous, on `dev`.
+void check_int32_vector(const TensorView& t, const char* arg, Device dev, int64_t min_len);
+/// int32 [>= min_rows, cols] on `dev`.
+void check_int32_matrix(const TensorView& t, const std::string& arg, Device dev, int64_t min_rows);
+/// Host int32 values t[0..n) of a CPU tensor (any stride).
+std::vector<int32_t> host_values(const TensorView& t, const char* arg, int64_t n);
+/// [T, H * D] or [T, H, D] (last dim contiguous) viewed as [T, H, D].
+TensorView rows3(const TensorView& t, int heads, int head_dim, const char* arg);
+/// A layer geometry the kernels support, named as the user gave it (`prefix` + field), so
+/// that no inner call (decode_workspace_size) reports it under its own name.
+void check_geometry(int num_q_heads, int num_kv_heads, int head_dim, const std::string& prefix);
 
 }  // namespace pagedmha::backend_detail

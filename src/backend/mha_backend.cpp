@@ -39,59 +39,6 @@ Buffer upload(const std::vector<int32_t>& host, Device dev, Stream s) {
   return b;
 }
 
-void check_int32_vector(const TensorView& t, const char* arg, Device dev, int64_t min_len) {
-  if (!t.defined()) fail(arg, "an int32 tensor of at least " + str(min_len) + " elements", "undefined");
-  if (t.dtype != DType::int32) fail(arg, "dtype int32", dtype_name(t.dtype));
-  if (t.ndim != 1) fail(arg, "a 1-d tensor", t.shape_str());
-  if (!(t.device == dev)) fail(arg, "device " + dev.str(), t.device.str());
-  if (t.size(0) < min_len) fail(arg, "at least " + str(min_len) + " elements", t.shape_str());
-  if (t.size(0) > 1 && t.stride(0) != 1) fail(arg, "a contiguous tensor", "stride " + str(t.stride(0)));
-}
-
-void check_int32_matrix(const TensorView& t, const std::string& arg, Device dev, int64_t min_rows) {
-  if (!t.defined()) fail(arg, "an int32 [rows, cols] tensor", "undefined");
-  if (t.dtype != DType::int32) fail(arg, "dtype int32", dtype_name(t.dtype));
-  if (t.ndim != 2) fail(arg, "a 2-d tensor", t.shape_str());
-  if (!(t.device == dev)) fail(arg, "device " + dev.str(), t.device.str());
-  if (t.size(0) < min_rows) fail(arg, "at least " + str(min_rows) + " rows", t.shape_str());
-}
-
-// Host int32 values t[0..n) of a CPU tensor (any stride).
-std::vector<int32_t> host_values(const TensorView& t, const char* arg, int64_t n) {
-  if (t.dtype != DType::int32) fail(arg, "dtype int32", dtype_name(t.dtype));
-  if (!t.device.is_cpu()) fail(arg, "a host (cpu) tensor", t.device.str());
-  if (t.ndim != 1 || t.size(0) < n) fail(arg, "shape [>= " + str(n) + "]", t.shape_str());
-  std::vector<int32_t> v(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[i] = t.ptr<const int32_t>()[i * t.stride(0)];
-  return v;
-}
-
-// [T, H * D] or [T, H, D] (last dim contiguous) viewed as [T, H, D].
-TensorView rows3(const TensorView& t, int heads, int head_dim, const char* arg) {
-  if (!t.defined()) fail(arg, "a tensor [T, " + str(int64_t{heads} * head_dim) + "]", "undefined");
-  if (t.ndim == 3) {
-    if (t.size(1) != heads || t.size(2) != head_dim) {
-      fail(arg, "shape [T, " + str(heads) + ", " + str(head_dim) + "]", t.shape_str());
-    }
-    return t;
-  }
-  if (t.ndim != 2 || t.size(1) != int64_t{heads} * head_dim) {
-    fail(arg, "shape [T, " + str(int64_t{heads} * head_dim) + "]", t.shape_str());
-  }
-  if (t.stride(1) != 1 && t.size(1) > 1) fail(arg, "a contiguous last dim", "stride " + str(t.stride(1)));
-  return TensorView(t.data, t.dtype, t.device, {t.size(0), heads, head_dim}, {t.stride(0), head_dim, 1});
-}
-
-// A layer geometry the kernels support, named as the user gave it (`prefix` + field), so
-// that no inner call (decode_workspace_size) reports it under its own name.
-void check_geometry(int num_q_heads, int num_kv_heads, int head_dim, const std::string& prefix) {
-  if (num_kv_heads < 1) fail(prefix + "num_kv_heads", ">= 1", str(num_kv_heads));
-  if (num_q_heads < 1 || num_q_heads % num_kv_heads != 0) {
-    fail(prefix + "num_q_heads", "a positive multiple of num_kv_heads " + str(num_kv_heads), str(num_q_heads));
-  }
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256) fail(prefix + "head_dim", "64, 128 or 256", str(head_dim));
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------
@@ -118,6 +65,7 @@ MhaBackend::MhaBackend(const BackendConfig& config) try : config_(config) {
   if (c.out_dtype != DType::bf16 && c.out_dtype != DType::fp16) {
     fail("config.out_dtype", "bf16 or fp16", dtype_name(c.out_dtype));
   }
+  check_unique_ids(c.state_cache_groups, "config.state_cache_groups");
   const Device dev = c.device;
   const Stream s = c.stream;
   const int N = c.spec_num_tokens;
@@ -233,20 +181,32 @@ void MhaBackend::check_unique_ids(const std::vector<CacheGroupTable>& tables, co
 }
 
 std::optional<std::vector<int32_t>> MhaBackend::host_seq_lens(const ForwardBatch& b, int bs) const {
-  std::vector<int32_t> L;
-  const char* arg = "batch.seq_lens";
+  // seq_lens itself where the host can read it: the CPU device, or a CUDA device in debug
+  // validation, which may synchronise (docs/semantics.md section 8.4).
+  std::optional<std::vector<int32_t>> seq;
   if (config_.device.is_cpu()) {
-    L = host_values(b.seq_lens, arg, bs);
-  } else if (b.seq_lens_cpu.defined()) {
-    arg = "batch.seq_lens_cpu";
-    L = host_values(b.seq_lens_cpu, arg, bs);
-  } else {
-    return std::nullopt;
+    seq = host_values(b.seq_lens, "batch.seq_lens", bs);
+  } else if (debug_validation() && b.seq_lens_cpu.defined() && bs > 0) {
+    seq.emplace(static_cast<std::size_t>(bs));
+    copy_bytes(seq->data(), Device::cpu(), b.seq_lens.data, b.seq_lens.device, std::size_t(bs) * 4, config_.stream);
+    synchronize(config_.stream);
   }
+  std::optional<std::vector<int32_t>> copy;
+  if (b.seq_lens_cpu.defined()) copy = host_values(b.seq_lens_cpu, "batch.seq_lens_cpu", bs);
+  if (!seq && !copy) return std::nullopt;
+  const char* arg = seq ? "batch.seq_lens" : "batch.seq_lens_cpu";
+  const std::vector<int32_t>& L = seq ? *seq : *copy;
   // Lengths past C would be clamped (verify) or read past the table's intent: refuse them.
   for (int r = 0; r < bs; ++r) {
     if (L[r] < 0 || L[r] > config_.context_len) {
       fail(arg, "lengths in 0.." + str(config_.context_len) + " (context_len)", str(L[r]) + " at " + str(r));
+    }
+  }
+  // A stale host copy would derive wrong extend prefixes and pass wrong checks.
+  for (int r = 0; seq && copy && r < bs; ++r) {
+    if ((*copy)[r] != (*seq)[r]) {
+      fail("batch.seq_lens_cpu", "a host copy of batch.seq_lens (" + str((*seq)[r]) + " at " + str(r) + ")",
+           str((*copy)[r]) + " at " + str(r));
     }
   }
   return L;
@@ -626,10 +586,10 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   if (!std::isfinite(layer.logits_soft_cap) || layer.logits_soft_cap < 0.0f) {
     fail("layer.logits_soft_cap", "a finite value >= 0 (0: off)", std::to_string(layer.logits_soft_cap));
   }
-  if (fp8) {
-    for (const auto& [x, name] : {std::pair{layer.k_scale, "layer.k_scale"}, std::pair{layer.v_scale, "layer.v_scale"}}) {
-      if (!std::isfinite(x) || x <= 0.0f) fail(name, "a finite value > 0", std::to_string(x));
-    }
+  // Checked for every cache dtype: a 16-bit cache ignores the scales, but 0, a negative
+  // or a non-finite scale is a mistake wherever it is set (docs/semantics.md section 8.5).
+  for (const auto& [x, name] : {std::pair{layer.k_scale, "layer.k_scale"}, std::pair{layer.v_scale, "layer.v_scale"}}) {
+    if (!std::isfinite(x) || x <= 0.0f) fail(name, "a finite value > 0", float_str(x));
   }
   if (layer.sinks.defined()) {
     const TensorView& sk = layer.sinks;

@@ -165,6 +165,37 @@ def test_backend_classes_and_methods():
         b.select_out_cache_loc(layer, "decode", None)
 
 
+@pytest.mark.parametrize("index,kwargs,message", [
+    (5, {}, r"^batch_decode: page_size: expected an int, got bool True$"),
+    (6, {}, r"^batch_decode: q_len_per_req: expected an int, got bool True$"),
+    (None, dict(bmm1_scale=True), r"^batch_decode: bmm1_scale: expected a float or None, got bool True$"),
+    (None, dict(window_left=False), r"^batch_decode: window_left: expected an int, got bool False$"),
+    (None, dict(bmm2_scale=np.True_), r"^batch_decode: bmm2_scale: expected a float, got bool (np\.)?True_?$"),
+])
+def test_bools_are_not_numbers(decode_args, index, kwargs, message):
+    """nanobind converts a bool to 1 / 1.0 / 0: refused before anything is written."""
+    if index is not None:
+        decode_args[index] = True
+    with pytest.raises(pm.Error, match=message):
+        call_decode(decode_args, **kwargs)
+    assert np.all(np.isnan(decode_args[7]))
+
+
+def test_bools_are_not_numbers_in_backend_calls():
+    with pytest.raises(pm.Error, match=r"^create_backend: page_size: expected an int, got bool True$"):
+        pm.create_backend("trtllm", page_size=True, context_len=64)
+    with pytest.raises(pm.Error, match=r"^LayerSpec: k_scale: expected a float, got bool True$"):
+        pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, k_scale=True)
+    with pytest.raises(pm.Error, match=r"^LayerSpec: window_left: expected an int, got bool False$"):
+        pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, window_left=False)
+    b = backend()
+    with pytest.raises(pm.Error, match=r"^init_cuda_graph_state: max_bs: expected an int, got bool True$"):
+        b.init_cuda_graph_state(True, np.ones(2, np.int32))
+    # Where the signature says bool, a bool is still taken.
+    pm.create_backend("trtllm", page_size=P, context_len=64, is_draft=False)
+    assert pm.visible_pairs(4, 4, -1, True) == 10  # causal 4 x 4: 1 + 2 + 3 + 4
+
+
 def test_accepted_conversions_still_work(decode_args):
     """NumPy scalars convert as before: no false alarm."""
     decode_args[5] = np.int64(P)

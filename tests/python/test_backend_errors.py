@@ -77,3 +77,28 @@ def test_binding_argument_errors_name_the_method():
     cache = np.zeros((64, 2, 64), np.float16)
     with pytest.raises(pm.Error, match=r"^MhaBackend\.forward_decode: q: expected an array"):
         backend.forward_decode([[1.0]], None, None, layer, cache, cache, None, 1, np.zeros((1, 256), np.float16))
+
+
+def test_config_and_batch_consistency():
+    """Repeated state cache groups; a seq_lens_cpu that is not a copy of seq_lens; a zero
+    k_scale on a 16-bit cache (ignored there, but never meant)."""
+    with pytest.raises(pm.Error, match=r"^create_backend: state_cache_groups: expected distinct cache group "
+                                       r"ids, got 'mamba' twice$"):
+        pm.create_backend("trtllm", page_size=P, context_len=CONTEXT, state_cache_groups=["mamba", "mamba"])
+    backend = pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, max_bs=2,
+                                kv_cache_dtype="fp16", out_dtype="fp16")
+    req_to_page = np.arange(2 * (CONTEXT // P), dtype=np.int32).reshape(2, CONTEXT // P)
+    batch = dict(forward_mode=pm.ForwardMode.decode, batch_size=1, req_pool_indices=np.array([1], np.int32),
+                 seq_lens=np.array([3], np.int32), req_to_page=req_to_page)
+    with pytest.raises(pm.Error, match=r"^MhaBackend\.init_forward_metadata: batch\.seq_lens_cpu: expected a "
+                                       r"host copy of batch\.seq_lens \(3 at 0\), got 4 at 0$"):
+        backend.init_forward_metadata(pm.ForwardBatch(**batch, seq_lens_cpu=np.array([4], np.int32)))
+    backend.init_forward_metadata(pm.ForwardBatch(**batch, seq_lens_cpu=np.array([3], np.int32)))
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=4, num_kv_heads=2, head_dim=64, k_scale=0.0)
+    q = np.zeros((1, 4 * 64), np.float16)
+    out = np.full_like(q, np.nan)
+    cache = np.zeros((CONTEXT * 2, 2, 64), np.float16)
+    with pytest.raises(pm.Error, match=r"^MhaBackend\.forward_decode: layer\.k_scale: expected a finite "
+                                       r"value > 0, got 0$"):
+        backend.forward_decode(q, None, None, layer, cache, cache, None, 1, out)
+    assert np.all(np.isnan(out))

@@ -406,6 +406,13 @@ def test_replay_prefers_the_reports_dated_plot(tmp_path):
     assert "- plot: [docs/replay-a.png](replay-a.png)" in text  # the older report keeps the name's plot
 
 
+def test_replay_prefix_hit_rate_that_does_not_apply_says_why(tmp_path):
+    """A trace without prefix ids (Azure) has a null rate and the reason, not 0.0%."""
+    doc = replay_doc(prefix_hit_rate=None, prefix_hit_rate_na="trace has no prefix ids", prefix_hit_tokens=0)
+    text = render_dir(tmp_path, {"cpu-replay-azure.json": doc})
+    assert cells_of(text, "prefix-cache hit rate")[0] == "n/a (trace has no prefix ids)"
+
+
 def test_replay_check_mismatch_and_missing_ceilings(tmp_path):
     doc = replay_doc(ratio_roofline=None, ratio_decode_read_ceiling=None, ceilings=None)
     doc["check"] = {"ok": False, "failure": "step 7: relative L2 error 0.5 > 1e-02"}
@@ -476,7 +483,10 @@ def _report(steps, dry_run, live=False):
             "model": {"name": "m", "cache_groups": [{"name": "full_attention", "window_left": -1}]},
             "summary": {"requests": 3, "finished": 0 if steps == 0 else 3, "steps": steps,
                         "achieved_tbps": null, "achieved_tflops": null, "ratio_roofline": null,
-                        "roofline_floor_s": 0.5, "prefix_hit_rate": 0.0, "preemptions": 0},
+                        "roofline_floor_s": 0.5, "preemptions": 0,
+                        # no admission before the stop: null and the reason (as replay writes it)
+                        "prefix_hit_rate": None if steps == 0 else 0.25,
+                        "prefix_hit_rate_na": "no request admitted" if steps == 0 else None},
             "steps": cols}
 
 

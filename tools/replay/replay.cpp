@@ -472,6 +472,10 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
                 {"kv_heads", r.model.num_kv_heads}, {"head_dim", r.model.head_dim}, {"sinks", r.model.sinks},
                 {"cache_groups", groups}};
   const SchedulerStats& s = r.sched;
+  // Why no prefix-cache hit rate applies: the cache is off, or no prompt was looked up.
+  const std::string prefix_na = !s.prefix_cache_off.empty() ? s.prefix_cache_off
+                                : s.prefix_lookup_tokens == 0 ? "no request admitted"
+                                                              : "";
   // A dry run measures no time at all: its time figures are null.
   const auto timed = [&](double x) { return o.dry_run ? json(nullptr) : json(x); };
   j["summary"] = {
@@ -503,7 +507,9 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
       {"ratio_extend_tflops_ceiling", ratio(ext_tflops * 1e12 / flops_ps)},
       {"peak_pages", s.peak_pages},  // pages in use, prefix-cache-only ones included
       {"peak_live_pages", s.peak_live_pages}, {"peak_prefix_cache_pages", s.peak_prefix_cache_pages},
-      {"prefix_hit_rate", s.prefix_lookup_tokens ? double(s.prefix_hit_tokens) / s.prefix_lookup_tokens : 0.0},
+      // null with the reason when no prompt could hit (0.0 would read as a cold cache).
+      {"prefix_hit_rate", prefix_na.empty() ? json(double(s.prefix_hit_tokens) / s.prefix_lookup_tokens) : json(nullptr)},
+      {"prefix_hit_rate_na", prefix_na.empty() ? json(nullptr) : json(prefix_na)},
       {"prefix_hit_tokens", s.prefix_hit_tokens}, {"preemptions", s.preemptions},
       {"wall_time_s", r.wall_s}};
   j["check"] = {{"steps_checked", r.check.steps_checked}, {"rows_checked", r.check.rows_checked},
@@ -621,9 +627,9 @@ std::string replay_summary(const ReplayResult& r) {
   line("peak pages live (of " + std::to_string(r.pages_per_group - 1) + ")", per_group(r.sched.peak_live_pages));
   line("peak pages, prefix cache only", per_group(r.sched.peak_prefix_cache_pages));
   line("peak pages in use (live + cache)", per_group(r.sched.peak_pages));
-  line("prefix-cache hit rate", !r.options.prefix_cache          ? "n/a (--no-prefix-cache)"
-                                : r.sched.prefix_lookup_tokens == 0 ? "n/a (no block hashes in the trace)"
-                                                                    : num(s["prefix_hit_rate"], "%.4f", ""));
+  line("prefix-cache hit rate", s["prefix_hit_rate"].is_null()
+                                    ? "n/a (" + s["prefix_hit_rate_na"].get<std::string>() + ")"
+                                    : num(s["prefix_hit_rate"], "%.4f", ""));
   line("preemptions", std::to_string(r.sched.preemptions));
   line("checks (steps / rows, max rel err)",
        dry                          ? "n/a (dry run: no attention to check)"

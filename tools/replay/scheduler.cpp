@@ -37,8 +37,16 @@ Scheduler::Scheduler(const ModelSpec& model, const SchedulerConfig& config,
   for (size_t g = 0; g < model_.groups.size(); ++g) pools_.emplace_back(config_.num_pages);
   bool any_hashes = false;
   for (const Request& r : requests_) any_hashes |= !r.hash_ids.empty();
-  if (config_.prefix_cache && any_hashes && kHashBlockTokens % config_.page_size == 0)
+  if (!config_.prefix_cache) {
+    stats_.prefix_cache_off = "--no-prefix-cache";
+  } else if (!any_hashes) {
+    stats_.prefix_cache_off = "trace has no prefix ids";  // Azure traces, the built-in workload without them
+  } else if (kHashBlockTokens % config_.page_size != 0) {
+    stats_.prefix_cache_off = "--page-size " + std::to_string(config_.page_size) + " does not divide the trace's " +
+                              std::to_string(kHashBlockTokens) + "-token prefix blocks";
+  } else {
     cache_ = std::make_unique<PrefixCache>(&pools_, config_.page_size);
+  }
   // A request must fit alone: its whole KV in a full group, the window plus one
   // step's chunk in a sliding group (64-bit: --window and --token-budget may be 2^31 - 1).
   const int64_t cap = pools_.front().capacity();
@@ -267,7 +275,7 @@ StepPlan Scheduler::schedule() {
                       " does not fit in an empty page pool; give more --pages / --kv-memory");
         return;
       }
-      if (first_admission) {
+      if (first_admission && cache_ && !req.hash_ids.empty()) {  // only prompts the cache can serve
         stats_.prefix_hit_tokens += st.computed;
         stats_.prefix_lookup_tokens += req.prompt_len;
       }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "replay/kv_pool.h"
@@ -74,6 +75,7 @@ struct SchedulerStats {
   int64_t preemptions = 0;
   int64_t prefix_hit_tokens = 0;     // prompt tokens served from the prefix cache
   int64_t prefix_lookup_tokens = 0;  // prompt tokens of admissions that could hit
+  std::string prefix_cache_off;      // why no admission can hit ("": the prefix cache is on)
   int64_t prefill_tokens = 0;        // tokens computed by extend rows
   int64_t decode_tokens = 0;         // query tokens of decode rows
   int64_t generated_tokens = 0;

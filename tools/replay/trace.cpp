@@ -19,6 +19,7 @@ namespace pagedmha::tools {
 namespace {
 
 constexpr std::string_view kBom = "\xEF\xBB\xBF";
+constexpr std::string_view kAzureHeader = "TIMESTAMP,ContextTokens,GeneratedTokens";
 
 struct Line {
   std::string_view text;  // without its ending
@@ -124,15 +125,14 @@ TraceFormat parse_trace_format(const std::string& name) {
 
 std::vector<Request> parse_azure_csv(const std::string& text, const std::string& source,
                                      int64_t max_requests) {
-  static constexpr std::string_view kHeader = "TIMESTAMP,ContextTokens,GeneratedTokens";
   static const char* const kNames[2] = {"ContextTokens", "GeneratedTokens"};
   std::vector<Request> out;
   bool header = false;
   for_each_line(text, [&](const Line& l) {
     const std::string_view line = l.text;
     if (!header) {
-      if (line != kHeader)
-        fail_at(source, l, "expected the header " + std::string(kHeader) + ", got " + quote_bytes(line));
+      if (line != kAzureHeader)
+        fail_at(source, l, "expected the header " + std::string(kAzureHeader) + ", got " + quote_bytes(line));
       header = true;
       return true;
     }
@@ -159,7 +159,7 @@ std::vector<Request> parse_azure_csv(const std::string& text, const std::string&
   });
   if (!header) {
     const Line first{{}, 1, 0};
-    fail_at(source, first, "expected the header " + std::string(kHeader) + ", got " +
+    fail_at(source, first, "expected the header " + std::string(kAzureHeader) + ", got " +
                                (text.empty() ? "an empty file" : "only blank lines"));
   }
   rebase_arrivals(out);
@@ -265,7 +265,19 @@ std::vector<Request> load_trace(const std::string& path, TraceFormat format, int
   if (first == std::string::npos)
     throw_invalid_argument("replay", "--trace", "a trace with at least one request",
                            (text.size() == bom ? "an empty file: " : "only blank lines: ") + shown);
-  if (format == TraceFormat::automatic) format = text[first] == '{' ? TraceFormat::mooncake : TraceFormat::azure;
+  const bool json = text[first] == '{';
+  if (format == TraceFormat::automatic) format = json ? TraceFormat::mooncake : TraceFormat::azure;
+  // A --format the file's first line contradicts is the flag's mistake, not line 1's.
+  if (format == TraceFormat::azure && json)
+    throw_invalid_argument("replay", "--format",
+                           "mooncake or auto for --trace " + shown +
+                               " (it looks like a Mooncake JSONL trace: its first line starts with '{')",
+                           "azure (an Azure CSV trace starts with the header " + std::string(kAzureHeader) + ")");
+  if (format == TraceFormat::mooncake && std::string_view(text).substr(first, kAzureHeader.size()) == kAzureHeader)
+    throw_invalid_argument("replay", "--format",
+                           "azure or auto for --trace " + shown + " (it looks like an Azure CSV trace: its first line "
+                               "is the header " + std::string(kAzureHeader) + ")",
+                           "mooncake (a Mooncake JSONL trace has one JSON object per line)");
   return format == TraceFormat::mooncake ? parse_mooncake_jsonl(text, path, max_requests)
                                          : parse_azure_csv(text, path, max_requests);
 }

@@ -67,6 +67,18 @@ TEST(BackendErrorNames, CreateBackendNamesItselfAndTheConfigField) {
   EXPECT_TRUE(names(message([&] { create_backend("pagedmha", c); }), "create_backend: config.page_size: expected >= 1, got 0"));
 }
 
+// A state cache group listed twice is a config mistake (the engine's groups are distinct).
+TEST(BackendErrorNames, DuplicateStateCacheGroupsAreRejected) {
+  BackendConfig c = config();
+  c.state_cache_groups = {"mamba", "conv", "mamba"};
+  EXPECT_TRUE(names(message([&] { create_backend("trtllm", c); }),
+                    "create_backend: config.state_cache_groups: expected distinct cache group ids, got 'mamba' twice"));
+  EXPECT_TRUE(names(message([&] { MhaBackend{c}; }),
+                    "MhaBackend: config.state_cache_groups: expected distinct cache group ids, got 'mamba' twice"));
+  c.state_cache_groups = {"mamba", "conv"};
+  EXPECT_EQ(message([&] { MhaBackend{c}; }), "no error");
+}
+
 // A factory's own error still says which call the user made.
 TEST(BackendErrorNames, CreateBackendPrefixesAFactoryError) {
   register_backend("error_names_test", [](const BackendConfig&) -> std::unique_ptr<MhaBackend> {

@@ -229,6 +229,65 @@ TEST(BackendMetadata, RejectsBadInput) {
   EXPECT_THROW(MhaBackend{bad}, Error);
 }
 
+// seq_lens_cpu, where seq_lens is host-readable too (the CPU device), must be its copy:
+// a stale one would derive wrong extend prefixes. Rejected before any buffer is written.
+TEST(BackendMetadata, SeqLensCpuMustMatchSeqLens) {
+  auto message = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  MhaBackend be(config(4, 32, 4));
+  Ints r2p = req_to_page(3, 8), seq({5, 6}), rpi({1, 2}), stale({5, 7}), same({5, 6});
+  ForwardBatch fb = decode_batch(seq.view(), rpi.view(), r2p.view());
+  fb.seq_lens_cpu = stale.view();
+  EXPECT_EQ(message([&] { be.init_forward_metadata(fb); }),
+            "MhaBackend.init_forward_metadata: batch.seq_lens_cpu: expected a host copy of batch.seq_lens "
+            "(6 at 1), got 7 at 1");
+  EXPECT_EQ(be.decode_metadata(), nullptr);
+  fb.seq_lens_cpu = same.view();
+  be.init_forward_metadata(fb);
+  ASSERT_NE(be.decode_metadata(), nullptr);
+
+  // Extend with prefixes derived from seq_lens_cpu: named as the stale copy, not as a
+  // prefix + extend mismatch of seq_lens.
+  Ints ext({3, 2});
+  fb.forward_mode = ForwardMode::extend;
+  fb.extend_seq_lens_cpu = ext.view();
+  fb.seq_lens_cpu = stale.view();
+  EXPECT_EQ(message([&] { be.init_forward_metadata(fb); }),
+            "MhaBackend.init_forward_metadata: batch.seq_lens_cpu: expected a host copy of batch.seq_lens "
+            "(6 at 1), got 7 at 1");
+  fb.seq_lens_cpu = same.view();
+  be.init_forward_metadata(fb);
+  EXPECT_EQ(values(be.prefill_metadata()->cu_seqlens_k), (V{0, 5, 11}));
+
+  // Graph replay: the captured page table keeps its previous contents.
+  MhaBackend g(config(4, 16, 4));
+  Ints seq_buf({5, 1, 1, 1}), r2p4 = req_to_page(4, 4), rpi2({3, 0});
+  g.init_cuda_graph_state(4, seq_buf.view());
+  g.init_forward_metadata_capture_cuda_graph(2, ForwardMode::decode);
+  ForwardBatch rb = decode_batch(seq_buf.view().slice(0, 0, 2), rpi2.view(), r2p4.view());
+  rb.seq_lens = seq_buf.view();
+  g.init_forward_metadata_replay_cuda_graph(rb);
+  const AttentionMetadata* md = g.decode_metadata();
+  EXPECT_EQ(values(md->page_table), (V{31, 32, 0, 0, 0, 0, 0, 0}));
+  Ints rpi3({2, 0}), stale_buf({9, 1});
+  rb.req_pool_indices = rpi3.view();
+  seq_buf.v = {9, 1, 1, 1};
+  rb.seq_lens_cpu = stale.view();  // {5, 7}
+  EXPECT_EQ(message([&] { g.init_forward_metadata_replay_cuda_graph(rb); }),
+            "MhaBackend.init_forward_metadata_replay_cuda_graph: batch.seq_lens_cpu: expected a host copy of "
+            "batch.seq_lens (9 at 0), got 5 at 0");
+  EXPECT_EQ(values(md->page_table), (V{31, 32, 0, 0, 0, 0, 0, 0}));  // not regathered
+  rb.seq_lens_cpu = stale_buf.view();
+  g.init_forward_metadata_replay_cuda_graph(rb);
+  EXPECT_EQ(values(md->page_table), (V{21, 22, 23, 0, 0, 0, 0, 0}));
+}
+
 // The decode workspace is sized from the config's geometry or register_layers; both
 // validate it (on the CPU the size itself is 0).
 TEST(BackendMetadata, WorkspaceGeometryIsValidated) {

@@ -83,6 +83,12 @@ TEST_P(RejectUnchanged, PoolAndOutputBitwiseUnchanged) {
       // shared table (in a hybrid model that table belongs to another group).
       {"group without tables", [](LayerSpec& l) { l.group_id = "sliding_attention"; },
        {"layer.group_id", "sliding_attention"}},
+      // The cache is bf16, which ignores the scales; a scale that cannot be meant still is
+      // an error, as it is for fp8.
+      {"k_scale 0", [](LayerSpec& l) { l.k_scale = 0.0f; }, {"layer.k_scale: expected a finite value > 0, got 0"}},
+      {"v_scale -1", [](LayerSpec& l) { l.v_scale = -1.0f; }, {"layer.v_scale: expected a finite value > 0, got -1"}},
+      {"k_scale inf", [](LayerSpec& l) { l.k_scale = std::numeric_limits<float>::infinity(); }, {"layer.k_scale", "inf"}},
+      {"v_scale NaN", [&](LayerSpec& l) { l.v_scale = nan; }, {"layer.v_scale", "nan"}},
       {"fp32 q", [](LayerSpec&) {}, {"MhaBackend", "q"}, true},
       {"strided q", [](LayerSpec&) {}, {"MhaBackend", "q"}, false, true},
       {"fp32 out", [](LayerSpec&) {}, {"MhaBackend", "out"}, false, false, true},

@@ -624,7 +624,7 @@ TEST(PlotCli, BrokenReportsAreOneLineErrorsNamingTheField) {
   cases.push_back({j, "steps.live_pages[0] an array of 2, got an array of 1"});
   j = good;
   j["summary"]["prefix_hit_rate"] = "high";
-  cases.push_back({j, "summary.prefix_hit_rate a number, got a string"});
+  cases.push_back({j, "summary.prefix_hit_rate a number or null, got a string"});
   cases.push_back({nlohmann::json::array(), "its fields in an object, got an array of 0"});
   for (size_t i = 0; i < cases.size(); ++i) {
     const fs::path rep = write_json("broken" + std::to_string(i) + ".json", cases[i].first);

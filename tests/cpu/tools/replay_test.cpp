@@ -266,3 +266,61 @@ TEST(Replay, HugeWindowMatchesFullAttention) {
     EXPECT_EQ(huge.steps[i].flops, full.steps[i].flops) << i;
   }
 }
+
+// The prefix-cache hit rate where no prompt can hit says why (it used to be 0.0000 for an
+// Azure trace, which has no prefix ids): the table row and the report's null with the reason.
+TEST(Replay, PrefixHitRateSaysWhyItDoesNotApply) {
+  const std::string dir = std::filesystem::temp_directory_path().string() + "/pagedmha_prefix_" +
+                          std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/azure.csv") << "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                    << "2023-11-16 18:15:46.5,700,3\n2023-11-16 18:15:47.5,1100,2\n";
+  std::ofstream(dir + "/mooncake.jsonl")
+      << R"({"timestamp": 0, "input_length": 1100, "output_length": 2, "hash_ids": [1, 2, 3]})" "\n"
+      << R"({"timestamp": 1, "input_length": 1100, "output_length": 2, "hash_ids": [1, 2, 4]})" "\n";
+  auto run = [&](const std::string& trace, int page_size, bool prefix_cache) {
+    pt::ReplayOptions o = small();
+    o.trace = dir + "/" + trace;
+    o.requests = -1;
+    o.dry_run = true;
+    o.check_every = -1;
+    o.max_running = 1;  // the second request starts once the first one's blocks are cached
+    o.page_size = page_size;
+    o.prefix_cache = prefix_cache;
+    return pt::run_replay(o);
+  };
+  const auto row = [](const pt::ReplayResult& r) {
+    const std::string t = pt::replay_summary(r), label = "  prefix-cache hit rate";
+    const size_t at = t.find(label);
+    if (at == std::string::npos) return std::string("missing");
+    const std::string v = t.substr(at + label.size(), t.find('\n', at) - at - label.size());
+    return v.substr(v.find_first_not_of(' '));
+  };
+  const struct {
+    const char* trace;
+    int page_size;
+    bool prefix_cache;
+    const char* why;
+  } cases[] = {
+      {"azure.csv", 16, true, "trace has no prefix ids"},
+      {"mooncake.jsonl", 48, true, "--page-size 48 does not divide the trace's 512-token prefix blocks"},
+      {"mooncake.jsonl", 16, false, "--no-prefix-cache"},
+  };
+  for (const auto& c : cases) {
+    const pt::ReplayResult r = run(c.trace, c.page_size, c.prefix_cache);
+    EXPECT_EQ(row(r), std::string("n/a (") + c.why + ")") << c.trace;
+    const nlohmann::json s = pt::replay_report_json(r)["summary"];
+    EXPECT_TRUE(s["prefix_hit_rate"].is_null()) << c.trace;
+    EXPECT_EQ(s["prefix_hit_rate_na"], c.why) << c.trace;
+    EXPECT_EQ(s["prefix_hit_tokens"], 0) << c.trace;
+  }
+  // Where the cache serves the trace: the second prompt's two leading blocks of 2 (1024 of
+  // its 1100 tokens, the first prompt's 1100 all missing).
+  const pt::ReplayResult hit = run("mooncake.jsonl", 16, true);
+  EXPECT_EQ(hit.sched.prefix_hit_tokens, 1024);
+  EXPECT_EQ(row(hit), "0.4655") << pt::replay_summary(hit);
+  const nlohmann::json s = pt::replay_report_json(hit)["summary"];
+  EXPECT_DOUBLE_EQ(s["prefix_hit_rate"].get<double>(), 1024.0 / 2200.0);
+  EXPECT_TRUE(s["prefix_hit_rate_na"].is_null());
+  std::filesystem::remove_all(dir);
+}

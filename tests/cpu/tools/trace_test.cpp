@@ -235,6 +235,29 @@ TEST(TraceText, BomLineEndingsAndBlankLinesReadAlikeInBothFormats) {
         }
 }
 
+// An explicit --format that the file contradicts names the flag and what the file looks
+// like (it used to be "<file>:1: expected the header ..." for a Mooncake file read as Azure).
+TEST(TraceText, FormatContradictedByTheFileNamesTheFlag) {
+  const std::string hdr = "TIMESTAMP,ContextTokens,GeneratedTokens";
+  const std::string mooncake =
+      write_file("fmt_m.jsonl", "\xEF\xBB\xBF\n" R"({"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [0]})" "\n");
+  const std::string azure = write_file("fmt_a.csv", hdr + "\r\n2023-11-16 18:15:46.5,10,3\r\n");
+  EXPECT_EQ(error_of([&] { pt::load_trace(mooncake, pt::TraceFormat::azure); }),
+            "replay: --format: expected mooncake or auto for --trace " + mooncake +
+                " (it looks like a Mooncake JSONL trace: its first line starts with '{'), got azure (an Azure CSV "
+                "trace starts with the header " + hdr + ")");
+  EXPECT_EQ(error_of([&] { pt::load_trace(azure, pt::TraceFormat::mooncake); }),
+            "replay: --format: expected azure or auto for --trace " + azure +
+                " (it looks like an Azure CSV trace: its first line is the header " + hdr +
+                "), got mooncake (a Mooncake JSONL trace has one JSON object per line)");
+  // The matching format reads them; a file that is neither keeps the reader's own error.
+  EXPECT_EQ(pt::load_trace(mooncake, pt::TraceFormat::mooncake).size(), 1u);
+  EXPECT_EQ(pt::load_trace(azure, pt::TraceFormat::azure).size(), 1u);
+  const std::string other = write_file("fmt_o.txt", "hello\n");
+  EXPECT_EQ(error_of([&] { pt::load_trace(other, pt::TraceFormat::azure); }).find(other + ":1: expected the header "), 0u);
+  EXPECT_EQ(error_of([&] { pt::load_trace(other, pt::TraceFormat::mooncake); }).find(other + ":1: expected a JSON object"), 0u);
+}
+
 // No requests at all is the same error for either format: not the Azure header message.
 TEST(TraceText, EmptyAndBlankFilesHaveNoRequestsInEitherFormat) {
   const std::string empty = write_file("empty", ""), blank = write_file("blank", "\n \t\r\n\n");
