@@ -16,7 +16,7 @@ inc=${CUTLASS_INCLUDE:-}
 variants=("$@")
 if [ ${#variants[@]} -eq 0 ]; then
   variants=("default:" "stages2:-DPAGEDMHA_SM90_STAGES=2" "stages3:-DPAGEDMHA_SM90_STAGES=3" "cluster1:-DPAGEDMHA_SM90_CLUSTER=1"
-            "no-pingpong:-DPAGEDMHA_SM90_PINGPONG=0" "no-softmax:-DPAGEDMHA_SM90_DIAG=1" "no-gemm:-DPAGEDMHA_SM90_DIAG=2" "loads-only:-DPAGEDMHA_SM90_DIAG=3")
+            "pingpong:-DPAGEDMHA_SM90_PINGPONG=1" "no-softmax:-DPAGEDMHA_SM90_DIAG=1" "no-gemm:-DPAGEDMHA_SM90_DIAG=2" "loads-only:-DPAGEDMHA_SM90_DIAG=3")
 fi
 dir=build/variants
 mkdir -p "$dir"

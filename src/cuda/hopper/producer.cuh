@@ -9,9 +9,9 @@
 //   * cp.async gather (page size 1, odd sizes or strides): all 128 threads, one 16-byte
 //     chunk at a time through the page table (a tile's page ids read in one batch),
 //     zero-filling keys outside the tile's span;
-//   * fp8 caches: the raw e4m3 tile lands (TMA, or the gather) in one of two staging
-//     slots, then all 128 threads convert it exactly into the 16-bit stage, zeroing keys
-//     outside the span.
+//   * fp8 caches: the raw e4m3 tile lands (TMA boxes shared by the four warps as above,
+//     or the gather) in one of the staging slots, then all 128 threads convert it exactly
+//     into the 16-bit stage, zeroing keys outside the span.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -138,7 +138,7 @@ struct Producer {
     }
   }
 
-  // ---- TMA (16-bit: all four warps; fp8 staging: warp 0) ------------------------------
+  // ---- TMA (all four warps share a tile's boxes) ---------------------------------------
 
   /// Issuing a box costs a serial chain (elect a lane, move its coordinates to uniform
   /// registers, UTMALDG): one warp issuing every box of a tile was the producer's limit
@@ -154,11 +154,11 @@ struct Producer {
 
   /// This thread's page id for KV tile `tile`: unit my_unit() is the box of keys
   /// [u * R, u * R + R) with u = a / R + my_unit(), for the boxes overlapping [a, e) (0 for
-  /// the others). fp8 staging (warp 0 alone) uses lane i for unit i.
+  /// the others).
   __device__ int lane_page(const QueryTile& t, const int32_t* pages, int tile) const {
     const Span sp = span(t, tile);
     const PageGeometry& g = p.geo;
-    const int u = g.box(sp.a) + (kFp8 ? tid : my_unit());
+    const int u = g.box(sp.a) + my_unit();
     return u <= g.box(sp.e - 1) ? __ldg(pages + g.col(g.box_key(u))) : 0;
   }
 
@@ -353,15 +353,15 @@ struct Producer {
     kv_order(x, n, j, is_v);
     const int tile = t.keys.end - 1 - j;
     if constexpr (kTma) {
-      return tid < 32 ? lane_page(t, pages, tile) : 0;
+      return lane_page(t, pages, tile);
     } else {
       return row_page(t, pages, tile);
     }
   }
 
   /// Element x's raw e4m3 tile (dense rows of D bytes) into staging slot `slot` with the
-  /// lane's page id from raw_page: TMA boxes of R rows by warp 0 (counted on
-  /// raw_full[slot]), or the gather.
+  /// thread's page id from raw_page: TMA boxes of R rows, unit my_unit() per thread (each
+  /// warp's bytes and lane 0's arrival counted on raw_full[slot]), or the gather.
   __device__ void issue_raw(const QueryTile& t, int n, int x, int slot, int page) const {
     int j;
     bool is_v;
@@ -372,20 +372,20 @@ struct Producer {
       gather<D / 16, 1>(t, tile, page, is_v, sm.raw(slot));
       return;
     }
-    if (tid >= 32) return;
     const PageGeometry& g = p.geo;
-    const int u = g.box(sp.a) + tid;
+    const int lane = tid & 31;
+    const int u = g.box(sp.a) + my_unit();
     const bool mine = u <= g.box(sp.e - 1);
     uint64_t* full = sm.raw_full(slot);
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? static_cast<uint32_t>(g.box_rows * D) : 0u);
-    if (tid == 0) expect_tx(full, bytes);
+    if (lane == 0 && bytes > 0) expect_tx(full, bytes);
     __syncwarp();
     if (mine) {
       tma_load_4d(is_v ? &p.tm_v : &p.tm_k, full, sm.raw(slot) + (g.box_key(u) - sp.key0) * D, 0, t.kv_head,
                   g.row(g.box_key(u)), page, kEvictLast);
     }
     __syncwarp();
-    if (tid == 0) arrive(full);
+    if (lane == 0) arrive(full);
   }
 };
 

@@ -8,7 +8,7 @@
 #include "pagedmha/variant.h"  // PAGEDMHA_HD
 
 // Experiment knobs for bench/prefill_sm90_variants.cu (the library builds the defaults):
-// PAGEDMHA_SM90_PINGPONG=0 turns the warpgroups' turn-taking off, PAGEDMHA_SM90_STAGES=k
+// PAGEDMHA_SM90_PINGPONG=1 makes the warpgroups take turns issuing, PAGEDMHA_SM90_STAGES=k
 // forces k K / V stages, PAGEDMHA_SM90_DIAG=1 leaves the softmax out (P = S), =2 the
 // consumers' GEMMs (softmax, waits and releases remain) and =3 both (the consumers only
 // wait and release: the rate at which the producer delivers K / V), PAGEDMHA_SM90_FTZ=0
@@ -18,7 +18,7 @@
 // PAGEDMHA_SM90_FP8_UNROLL=u the fp8 conversion loop's unroll, PAGEDMHA_SM90_FP8_BLOCK_N
 // and PAGEDMHA_SM90_FP8_RAW_SLOTS the fp8 tile's keys (D <= 128) and staging slots.
 #ifndef PAGEDMHA_SM90_PINGPONG
-#define PAGEDMHA_SM90_PINGPONG 1
+#define PAGEDMHA_SM90_PINGPONG 0
 #endif
 #ifndef PAGEDMHA_SM90_STAGES
 #define PAGEDMHA_SM90_STAGES 0
@@ -84,9 +84,11 @@ struct PrefillPolicy {
   // in 22 (ptxas allocates each setmaxnreg region within its count: no spills in either).
   static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? PAGEDMHA_SM90_WG3_PRODUCER_REGS : 72;
   static constexpr int kConsumerRegs = kConsumerWarpgroups == 3 ? (65536 - 128 * kProducerRegs) / 384 / 8 * 8 : 216;
-  // Two consumer warpgroups take turns issuing their GEMMs (named barriers), so one's
-  // softmax overlaps the other's tensor-core work; within a warpgroup, QK of tile j + 1
-  // is issued before the softmax of tile j.
+  // Within a warpgroup, QK of tile j + 1 is issued before the softmax of tile j. Making
+  // the warpgroups also take turns issuing (FA3's ping-pong, named barriers) costs 2-6%
+  // here: without it every shape of bench/prefill_variants.sh was faster in two runs on
+  // the H200 (2026-12-02 runs 6 and 7, docs/perf-notes.md), so it is off by default and
+  // kept as an experiment.
   static constexpr bool kPingPong = PAGEDMHA_SM90_PINGPONG != 0;
   // The softmax's ex2 flushes subnormal results (ex2.approx.ftz): one MUFU.EX2 per
   // probability instead of MUFU plus a compare and two multiplies, which roughly halves
