@@ -89,7 +89,8 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
       "takes well under 2 minutes on 2 cores: llama3-8b geometry with 2 layers, 8 built-in requests, "
       "--pages 2048, --token-budget 2048, --max-running 16, --check-every 16. CUDA defaults: llama3-8b "
       "(32 layers), 1000 built-in requests, --kv-memory 40, --token-budget 8192, --max-running 256, "
-      "--check-every 200.");
+      "--check-every 200. --gpus N with --tp N or --dcp N serves the trace on N GPUs, one rank each, through "
+      "NCCL (docs/multi-gpu.md).");
   c->add_option("--trace", o.trace, "Trace file: Azure LLM inference CSV or Mooncake JSONL (default: the built-in "
                                     "seeded workload shaped like the Azure conversation trace)")
       ->check(non_empty("a trace file name"));
