@@ -27,7 +27,9 @@ function(pagedmha_find_nccl)
     endif()
   endif()
   find_path(PAGEDMHA_NCCL_INCLUDE_DIR nccl.h HINTS ${hints} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
-  find_library(PAGEDMHA_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${hints} ${CUDAToolkit_LIBRARY_DIR}
+  # NAMES_PER_DIR: the first folder holding either name wins, so the library comes from
+  # where the header came from (the pip package before a system copy).
+  find_library(PAGEDMHA_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${hints} ${CUDAToolkit_LIBRARY_DIR}
                PATH_SUFFIXES lib lib64)
   if(PAGEDMHA_NCCL_INCLUDE_DIR AND PAGEDMHA_NCCL_LIBRARY)
     if(NOT TARGET pagedmha::nccl)
