@@ -13,11 +13,15 @@
 #                     PAGEDMHA_KERNELS=portable (the Hopper kernels run by default on sm_90)
 #     --sm89          also run the GPU suite with PAGEDMHA_KERNELS=sm89: the portable kernels
 #                     in the configurations a GPU with 99 KB of shared memory per CTA gets
-#     --reports       also the backend host-overhead benchmark and the two trace replays
-#                     (traces read from $TRACES, default ../shared/traces)
+#     --reports       also the backend host-overhead benchmark and the trace replays: the two
+#                     committed reports' runs, and a fixed number of Azure steps on one device
+#                     and again through the multi-rank NCCL path with one rank (--gpus 1 with
+#                     --tp 1, then --dcp 1) against it (traces read from $TRACES, default
+#                     ../shared/traces)
 #   Environment: OUT (log folder; default build/gpu-out), JOBS (build jobs; default
 #   nproc), CTEST_JOBS (parallel test programs; default 4), CTEST_REGEX (ctest -R), BENCH_ARGS, TRACES,
-#   REPLAY_TIME_LIMIT (s, default 90), REPLAYS (e.g. "azure-conv-llama3-8b:400"),
+#   REPLAY_TIME_LIMIT (s, default 90), REPLAYS (e.g. "azure-conv-llama3-8b:400"), REPLAY_STEPS
+#   (steps of the azure-llama3-8b-* runs, default 1000),
 #   SANITIZER_TOOLS (default "memcheck racecheck synccheck").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -204,8 +208,12 @@ if [ $run_reports -eq 1 ]; then
   limit=${REPLAY_TIME_LIMIT:-90}
   cli=$build/tools/pagedmha
   # REPLAYS: space-separated name[:time limit in s]; default the two committed reports'
-  # runs at REPLAY_TIME_LIMIT (the full-head mooncake-gpt-oss-20b needs > 678 s: see perf-notes).
-  for entry in ${REPLAYS:-azure-conv-llama3-8b mooncake-gpt-oss-20b-tp8}; do
+  # runs at REPLAY_TIME_LIMIT (the full-head mooncake-gpt-oss-20b needs > 678 s: see perf-notes),
+  # then the one-rank NCCL runs after their one-device baseline.
+  steps=${REPLAY_STEPS:-1000}
+  base_json=$out/h200-replay-azure-llama3-8b-1gpu-$day.json
+  for entry in ${REPLAYS:-azure-conv-llama3-8b mooncake-gpt-oss-20b-tp8 azure-llama3-8b-1gpu:300 \
+                 azure-llama3-8b-gpus1-tp1:300 azure-llama3-8b-gpus1-dcp1:300}; do
     name=${entry%%:*}
     run_limit=$limit
     [ "$entry" != "$name" ] && run_limit=${entry#*:}
@@ -215,7 +223,12 @@ if [ $run_reports -eq 1 ]; then
       # One rank of a TP-8 deployment: Hq 8, Hkv 1 per GPU (the single-GPU full-head run's
       # floor alone, 678 s, is longer than a device call).
       mooncake-gpt-oss-20b-tp8) trace=conversation_trace.jsonl args="--model gpt-oss-20b --tp 8 --kv-dtype fp8 --check-every 200" ;;
-      *) note "replay $name" FAILED "unknown replay (azure-conv-llama3-8b, mooncake-gpt-oss-20b[-tp8])"; continue ;;
+      # The same first $steps steps on one device, then through replay --gpus 1 (one rank,
+      # NCCL all the same) with its scaling against that report (efficiency ~1 expected).
+      azure-llama3-8b-1gpu) trace=AzureLLMInferenceTrace_conv.csv args="--model llama3-8b --kv-dtype bf16 --check-every 100 --max-steps $steps" ;;
+      azure-llama3-8b-gpus1-tp1) trace=AzureLLMInferenceTrace_conv.csv args="--model llama3-8b --kv-dtype bf16 --check-every 100 --max-steps $steps --gpus 1 --tp 1 --baseline-json $base_json" ;;
+      azure-llama3-8b-gpus1-dcp1) trace=AzureLLMInferenceTrace_conv.csv args="--model llama3-8b --kv-dtype bf16 --check-every 100 --max-steps $steps --gpus 1 --dcp 1 --baseline-json $base_json" ;;
+      *) note "replay $name" FAILED "unknown replay (azure-conv-llama3-8b, mooncake-gpt-oss-20b[-tp8], azure-llama3-8b-{1gpu,gpus1-tp1,gpus1-dcp1})"; continue ;;
     esac
     json=$out/h200-replay-$name-$day.json
     t=$(date +%s)
@@ -224,7 +237,7 @@ if [ $run_reports -eq 1 ]; then
     if timeout $((run_limit + 60)) "$cli" replay --device cuda --trace "$traces/$trace" $args \
         --time-limit "$run_limit" --json "$json" >"$out/replay-$name.log" 2>&1; then
       "$cli" plot "$json" -o "$out/replay-$name.png" >>"$out/replay-$name.log" 2>&1
-      note "replay $name" ok "$(seconds_since "$t") s, $(grep -m1 -E 'requests \(finished' "$out/replay-$name.log" | tr -s ' ')"
+      note "replay $name" ok "$(seconds_since "$t") s, $(grep -m1 -E 'requests \(finished' "$out/replay-$name.log" | tr -s ' ')$(grep -m1 -E 'scaling efficiency' "$out/replay-$name.log" | tr -s ' ')"
     else
       note "replay $name" FAILED "see replay-$name.log: $(tail -n1 "$out/replay-$name.log" | cut -c1-90)"
     fi

@@ -27,7 +27,7 @@ if [ "${PAGEDMHA_SANITIZERS:-1}" != 0 ]; then
   # The long replay runs stay in the plain suite (under ASan they take ~15 min); the
   # fuzzers cover the readers and the scheduler under the sanitizers. The consumer
   # projects build with their own flags: once is enough.
-  slow='^(consumer_|tools_replay_default|Replay\.(LlamaLike|HybridWindow|HugeWindowMatchesFullAttention|DryRunPlans|ReportStrides)|ReplayProgress\.Complete|ReplayTimeLimit\.Generous|Check\.EveryOp)'
+  slow='^(consumer_|tools_replay_default|Replay\.(LlamaLike|HybridWindow|HugeWindowMatchesFullAttention|DryRunPlans|ReportStrides)|ReplayProgress\.Complete|ReplayTimeLimit\.Generous|Check\.EveryOp|MultiRank\.(TensorParallelReplicated|DecodeContextParallelRanks|ScalingAgainst))'
   # allocator_may_return_null: oversized requests must reach our own error path, as
   # they do without ASan, instead of aborting in the interceptor.
   ASAN_OPTIONS=${ASAN_OPTIONS:-allocator_may_return_null=1} \

@@ -58,6 +58,19 @@ CLI::Validator probability() {
       "");
 }
 
+// An integer in [lo, hi] ("ranks": the unit in the message); -1, the "not given" value of
+// the options, is rejected like any other value outside.
+CLI::Validator int_range(int lo, int hi, const std::string& unit) {
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        int v = 0;
+        if (!CLI::detail::lexical_cast(s, v) || v < lo || v > hi)
+          return "expected " + std::to_string(lo) + ".." + std::to_string(hi) + " " + unit + ", got " + escape_bytes(s);
+        return {};
+      },
+      "");
+}
+
 // A file name: '' would silently mean "none" (the built-in workload, no report).
 CLI::Validator non_empty(const std::string& what) {
   return CLI::Validator(
@@ -76,7 +89,8 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
       "takes well under 2 minutes on 2 cores: llama3-8b geometry with 2 layers, 8 built-in requests, "
       "--pages 2048, --token-budget 2048, --max-running 16, --check-every 16. CUDA defaults: llama3-8b "
       "(32 layers), 1000 built-in requests, --kv-memory 40, --token-budget 8192, --max-running 256, "
-      "--check-every 200.");
+      "--check-every 200. --gpus N with --tp N or --dcp N serves the trace on N GPUs, one rank each, through "
+      "NCCL (docs/multi-gpu.md).");
   c->add_option("--trace", o.trace, "Trace file: Azure LLM inference CSV or Mooncake JSONL (default: the built-in "
                                     "seeded workload shaped like the Azure conversation trace)")
       ->check(non_empty("a trace file name"));
@@ -95,7 +109,21 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
   c->add_option("--window", o.overrides.window, "Override / custom: window_left on every layer [tokens before the "
                                                 "query]; -1 disables (HF sliding_window S = window_left + 1)");
   c->add_option("--sinks", o.overrides.sinks, "Override / custom: 1 = one sink logit per query head, 0 = none");
-  c->add_option("--tp", o.overrides.tp, "Tensor-parallel ranks: serve one rank's heads (Hq / tp, Hkv / tp or 1)");
+  c->add_option("--tp", o.overrides.tp, "Tensor-parallel ranks: with --gpus N (then --tp N), N ranks serve Hq / N "
+                                        "query heads and Hkv / N KV heads (or the 1 they need) each; alone, one rank's "
+                                        "heads on one device");
+  c->add_option("--gpus", o.gpus, "Ranks in one process, one thread and one CUDA device each (cuda:0..N-1, NCCL "
+                                  "between them; with --device cpu, N host threads, for tests), with --tp N or "
+                                  "--dcp N; --pages / --kv-memory are per device [ranks]")
+      ->check(int_range(1, kMaxRanks, "ranks"));
+  c->add_option("--dcp", o.dcp, "Decode context parallelism over the --gpus N ranks (--dcp N): each request's KV "
+                                "pages are dealt round-robin to the ranks, each attends its keys, and (o, lse) are "
+                                "all-gathered and merged (merge_attention_states) [ranks]")
+      ->check(int_range(1, kMaxRanks, "ranks"));
+  c->add_option("--baseline-json", o.baseline_json, "With --gpus: a one-device replay report (--json) of the same "
+                                                    "trace and options; the report adds the scaling efficiency "
+                                                    "T1 / (N x TN)")
+      ->check(non_empty("a report file name"));
   c->add_option("--device", o.device, "auto | cpu | cuda (auto: the GPU when one is available)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();

@@ -2,6 +2,7 @@
 // the CUDA runtime in CUDA builds.
 #include <string>
 
+#include "pagedmha/error.h"
 #include "pagedmha/tensor.h"
 #include "replay/device_info.h"
 
@@ -27,6 +28,30 @@ DeviceCeilings device_ceilings_of(Device device) {
   // Measured on the H200 (PERFORMANCE.md): pure read stream 4.6 TB/s, bf16 GEMM ~760 TFLOP/s.
   if (c.gpu.find("H200") != std::string::npos) c.read_tbps = 4.6, c.copy_tbps = 4.25, c.bf16_tflops = 760.0;
   return c;
+}
+
+int cuda_device_count() {
+#if defined(PAGEDMHA_WITH_CUDA)
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+#else
+  return 0;
+#endif
+}
+
+void set_thread_device(Device device) {
+  if (!device.is_cuda()) return;
+#if defined(PAGEDMHA_WITH_CUDA)
+  const cudaError_t err = cudaSetDevice(device.index);
+  if (err != cudaSuccess)
+    throw Error("replay: cudaSetDevice(" + std::to_string(device.index) + "): " + cudaGetErrorString(err));
+#else
+  throw Error("replay: --device cuda: this build has no CUDA support");
+#endif
 }
 
 }  // namespace pagedmha::tools

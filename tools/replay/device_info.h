@@ -19,4 +19,10 @@ std::string device_name(Device device);
 /// Ceilings of PERFORMANCE.md for a known GPU (H200), zeros otherwise.
 DeviceCeilings device_ceilings_of(Device device);
 
+/// Visible CUDA devices (0 in builds without CUDA or without a driver).
+int cuda_device_count();
+/// Makes `device` the calling thread's current CUDA device (no-op for the CPU); the
+/// tool's own kernels and events use the current device.
+void set_thread_device(Device device);
+
 }  // namespace pagedmha::tools

@@ -62,7 +62,7 @@ class BackendExecutor final : public AttentionExecutor {
       spec.group_id = m.groups[m.layer_group[l]].name;
       if (m.sinks) {
         std::vector<float> host(m.num_q_heads);
-        for (int h = 0; h < m.num_q_heads; ++h) host[h] = sink_value(cfg_.seed, l, h);
+        for (int h = 0; h < m.num_q_heads; ++h) host[h] = sink_value(cfg_.seed, l, cfg_.q_head_offset + h);
         sinks_.emplace_back(host.size() * 4, dev_);
         copy_bytes(sinks_.back().data(), dev_, host.data(), Device::cpu(), host.size() * 4, stream_);
         spec.sinks = sinks_.back().view({m.num_q_heads}, DType::fp32);
@@ -99,6 +99,7 @@ class BackendExecutor final : public AttentionExecutor {
     return std::string("MhaBackend(pagedmha) on ") + dev_.str() +
            (graphs_ ? ", CUDA graphs for decode steps" : "");
   }
+  Stream stream() const override { return stream_; }
 
   StepHostTimes take_host_times() override {
     StepHostTimes t = times_;
@@ -172,7 +173,7 @@ class BackendExecutor final : public AttentionExecutor {
       if (extend) backend_->forward_extend(q, k, v, layers_[l], kv, unused_loc, bs, out);
       else backend_->forward_decode(q, k, v, layers_[l], kv, unused_loc, bs, out);
       timer_.stop();
-      copy_rows(out, capture, l, captured);
+      capture_rows(cfg_.combine ? cfg_.combine(l, out) : out, capture, l, captured, stream_);
     }
     return timer_.take_seconds();
   }
@@ -184,23 +185,9 @@ class BackendExecutor final : public AttentionExecutor {
 
   void generate(const TensorView& t, const std::vector<TokenRef>& tokens, int layer, TokenTensor which) {
     const int64_t T = static_cast<int64_t>(tokens.size());
-    if (dev_.is_cpu()) fill_tokens_host(t, tokens.data(), T, cfg_.seed, layer, which);
-    else fill_tokens_cuda(t, static_cast<TokenRef*>(tokens_dev_.data()), T, cfg_.seed, layer, which, stream_);
-  }
-
-  void copy_rows(const TensorView& out, const std::vector<CapturePoint>& capture, int layer,
-                 std::vector<std::vector<float>>* captured) {
-    const int64_t row = out.size(1) * out.size(2);
-    std::vector<uint16_t> tmp(row);
-    for (size_t i = 0; i < capture.size(); ++i) {
-      const CapturePoint& c = capture[i];
-      if (c.layer != layer) continue;
-      copy_bytes(tmp.data(), Device::cpu(), out.ptr<uint16_t>() + c.token_row * row, dev_, row * 2, stream_);
-      synchronize(stream_);
-      std::vector<float> f(row);
-      for (int64_t i = 0; i < row; ++i) f[i] = to_float(tmp.data(), out.dtype, i);
-      (*captured)[i] = std::move(f);
-    }
+    const int offset = which == TokenTensor::q ? cfg_.q_head_offset : cfg_.kv_head_offset;
+    if (dev_.is_cpu()) fill_tokens_host(t, tokens.data(), T, cfg_.seed, layer, which, offset);
+    else fill_tokens_cuda(t, static_cast<TokenRef*>(tokens_dev_.data()), T, cfg_.seed, layer, which, stream_, offset);
   }
 
   ExecutorConfig cfg_;
@@ -229,6 +216,22 @@ class DryRunExecutor final : public AttentionExecutor {
 };
 
 }  // namespace
+
+void capture_rows(const TensorView& out, const std::vector<CapturePoint>& capture, int layer,
+                  std::vector<std::vector<float>>* captured, Stream stream) {
+  const int64_t row = out.size(1) * out.size(2);
+  std::vector<uint16_t> tmp(row);
+  for (size_t i = 0; i < capture.size(); ++i) {
+    const CapturePoint& c = capture[i];
+    if (c.layer != layer) continue;
+    copy_bytes(tmp.data(), Device::cpu(), out.ptr<uint16_t>() + c.token_row * out.stride(0), out.device, row * 2,
+               stream);
+    synchronize(stream);
+    std::vector<float> f(row);
+    for (int64_t j = 0; j < row; ++j) f[j] = to_float(tmp.data(), out.dtype, j);
+    (*captured)[i] = std::move(f);
+  }
+}
 
 std::unique_ptr<AttentionExecutor> make_dry_run_executor() { return std::make_unique<DryRunExecutor>(); }
 

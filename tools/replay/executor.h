@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,21 @@ struct ExecutorConfig {
   float v_scale = 1.0f;
   uint64_t seed = 0;
   bool cuda_graphs = true;      // decode steps through CUDA graphs (GPU)
+  /// A tensor-parallel rank: model.num_q_heads / num_kv_heads are its heads, the model's
+  /// heads from these offsets on (token data and sinks follow the whole model's heads).
+  int q_head_offset = 0, kv_head_offset = 0;
+  /// A tensor-parallel rank: called after each layer's attention, in layer order (after a
+  /// decode step's graph replay: for every layer), with the layer's output [T, Hq, D] on
+  /// the executor's stream, outside the attention timer. Returns the tensor whose rows the
+  /// capture points read (the ranks' combined output). Empty: they read the output itself.
+  std::function<TensorView(int layer, const TensorView& out)> combine;
+};
+
+/// Device seconds of one rank in the last step: its attention (K/V writes included) and
+/// the combination of the ranks' outputs (collective, and for DCP the merge).
+struct RankTimes {
+  double attention_s = 0.0;
+  double combine_s = 0.0;
 };
 
 /// Host seconds of one step outside the timed attention (since the last take).
@@ -56,7 +72,18 @@ class AttentionExecutor {
                           const std::vector<CapturePoint>& capture, std::vector<std::vector<float>>* captured) = 0;
   /// Host times since the last call (StepHostTimes).
   virtual StepHostTimes take_host_times() = 0;
+  /// Ranks whose rows `captured` holds: capture.size() rows per rank, rank after rank.
+  virtual int ranks() const { return 1; }
+  /// The stream the executor issues its device work on (null on the CPU).
+  virtual Stream stream() const { return {}; }
+  /// Per-rank times of the last step (multi-rank executors and their ranks; empty otherwise).
+  virtual std::vector<RankTimes> take_rank_times() { return {}; }
 };
+
+/// Appends nothing; sets (*captured)[i] to the fp32 row [H * D] of `out` ([T, H, D], bf16 or
+/// fp16, any device) at capture[i].token_row for every capture point of `layer`.
+void capture_rows(const TensorView& out, const std::vector<CapturePoint>& capture, int layer,
+                  std::vector<std::vector<float>>* captured, Stream stream);
 
 /// Serves the steps through MhaBackend (registry name "pagedmha"): init_forward_metadata,
 /// then per layer forward_extend (extend / mixed steps) or forward_decode (decode and
@@ -67,7 +94,5 @@ std::unique_ptr<AttentionExecutor> make_backend_executor(const ExecutorConfig& c
 /// Runs nothing (replay --dry-run): the scheduler's work, bytes, flops and roofline floor
 /// of a trace without a device; every step's attention time is 0.
 std::unique_ptr<AttentionExecutor> make_dry_run_executor();
-
-
 
 }  // namespace pagedmha::tools

@@ -5,7 +5,6 @@
 #include <string>
 
 #include "pagedmha/error.h"
-#include "pagedmha/numeric.h"
 
 #if defined(PAGEDMHA_WITH_CUDA)
 #include "replay/cuda_check.h"
@@ -77,7 +76,8 @@ void DecodeGraphs::capture(int bs) {
   backend_.init_forward_metadata_capture_cuda_graph(bs, mode, group_ids_);
   auto s = static_cast<cudaStream_t>(stream_.handle);
   check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  // Thread-local: the ranks of a multi-GPU replay capture on their own threads at once.
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
   try {
     for (int l = 0; l < m.num_layers; ++l) {
       const TensorView q = layer_rows(q_, l, rows, m.num_q_heads, cfg_);
@@ -136,11 +136,11 @@ void DecodeGraphs::prepare(const StepPlan& plan, const std::vector<RequestState>
   const int64_t all = int64_t{cfg_.max_rows} * N;
   const auto* tok = static_cast<const TokenRef*>(tokens_.data());
   fill_tokens_layers_cuda(q_.view({m.num_layers, all, m.num_q_heads, m.head_dim}, cfg_.q_dtype), tok, rows, cfg_.seed,
-                          TokenTensor::q, stream_);
+                          TokenTensor::q, stream_, cfg_.q_head_offset);
   fill_tokens_layers_cuda(k_.view({m.num_layers, all, m.num_kv_heads, m.head_dim}, cfg_.q_dtype), tok, rows, cfg_.seed,
-                          TokenTensor::k, stream_);
+                          TokenTensor::k, stream_, cfg_.kv_head_offset);
   fill_tokens_layers_cuda(v_.view({m.num_layers, all, m.num_kv_heads, m.head_dim}, cfg_.q_dtype), tok, rows, cfg_.seed,
-                          TokenTensor::v, stream_);
+                          TokenTensor::v, stream_, cfg_.kv_head_offset);
   const auto t0 = std::chrono::steady_clock::now();
   backend_.init_forward_metadata_replay_cuda_graph(fb);
   *backend_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -149,23 +149,16 @@ void DecodeGraphs::prepare(const StepPlan& plan, const std::vector<RequestState>
 
 double DecodeGraphs::replay(const StepPlan& plan, const std::vector<CapturePoint>& capture,
                             std::vector<std::vector<float>>* captured) {
-  (void)plan;
   auto s = static_cast<cudaStream_t>(stream_.handle);
   timer_.start();
   check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graphs_.at(prepared_bs_)), s), "cudaGraphLaunch");
   timer_.stop();
   const double seconds = timer_.take_seconds();
-  const int64_t row = int64_t{cfg_.model.num_q_heads} * cfg_.model.head_dim;
-  std::vector<uint16_t> tmp(row);
-  for (size_t i = 0; i < capture.size(); ++i) {
-    const CapturePoint& c = capture[i];
-    const TensorView out = layer_rows(out_, c.layer, c.token_row + 1, cfg_.model.num_q_heads, cfg_);
-    copy_bytes(tmp.data(), Device::cpu(), out.ptr<uint16_t>() + c.token_row * row, cfg_.device, row * 2, stream_);
-    synchronize(stream_);
-    std::vector<float> f(row);
-    for (int64_t j = 0; j < row; ++j)
-      f[j] = cfg_.q_dtype == DType::bf16 ? bf16_to_float(tmp[j]) : fp16_to_float(tmp[j]);
-    (*captured)[i] = std::move(f);
+  // The step's rows (not the padding) of every layer: combined across ranks when asked.
+  const int64_t rows = plan.num_tokens();
+  for (int l = 0; l < cfg_.model.num_layers; ++l) {
+    const TensorView out = layer_rows(out_, l, rows, cfg_.model.num_q_heads, cfg_);
+    capture_rows(cfg_.combine ? cfg_.combine(l, out) : out, capture, l, captured, stream_);
   }
   return seconds;
 }

@@ -8,21 +8,34 @@
 
 namespace pagedmha::tools {
 
-PagePool::PagePool(int64_t num_pages) {
-  if (num_pages < 2 || num_pages > std::numeric_limits<int32_t>::max())
-    throw_invalid_argument("replay", "--pages", "2..2^31-1 pages per cache group (page 0 is reserved)",
+PagePool::PagePool(int64_t num_pages, int owners) {
+  if (owners < 1) throw Error("PagePool: owners: expected >= 1, got " + std::to_string(owners));
+  // 64-bit: every owner's ids must fit int32 together.
+  if (num_pages < 2 || 1 + (num_pages - 1) * owners > std::numeric_limits<int32_t>::max())
+    throw_invalid_argument("replay", "--pages",
+                           "2..2^31-1 pages per cache group (page 0 is reserved)" +
+                               (owners > 1 ? " on each of " + std::to_string(owners) + " ranks, 2^31-1 in all"
+                                           : std::string()),
                            std::to_string(num_pages));
-  refcount_.assign(num_pages, 0);
-  cache_refs_.assign(num_pages, 0);
+  per_owner_ = num_pages - 1;
+  const int64_t total = 1 + per_owner_ * owners;
+  refcount_.assign(total, 0);
+  cache_refs_.assign(total, 0);
   refcount_[0] = 1;  // the dummy page is permanently held
-  free_.reserve(num_pages - 1);
-  for (int64_t p = num_pages - 1; p >= 1; --p) free_.push_back(static_cast<int32_t>(p));
+  free_.resize(owners);
+  for (int o = 0; o < owners; ++o) {
+    free_[o].reserve(per_owner_);
+    for (int64_t p = per_owner_ * (o + 1); p > per_owner_ * o; --p) free_[o].push_back(static_cast<int32_t>(p));
+  }
+  free_total_ = total - 1;
 }
 
-int32_t PagePool::allocate() {
-  if (free_.empty()) return 0;
-  const int32_t page = free_.back();
-  free_.pop_back();
+int32_t PagePool::allocate(int owner) {
+  std::vector<int32_t>& free = free_.at(owner);
+  if (free.empty()) return 0;
+  const int32_t page = free.back();
+  free.pop_back();
+  --free_total_;
   refcount_[page] = 1;
   return page;
 }
@@ -43,7 +56,10 @@ void PagePool::release(int32_t page, bool by_cache) {
                 " in [1, " + std::to_string(num_pages()) + "), got " + std::to_string(page));
   const bool was = cache_only(page);
   if (by_cache) --cache_refs_[page];
-  if (--refcount_[page] == 0) free_.push_back(page);
+  if (--refcount_[page] == 0) {
+    free_[owner_of(page)].push_back(page);
+    ++free_total_;
+  }
   cache_only_ += int64_t{cache_only(page)} - int64_t{was};
 }
 

@@ -13,23 +13,38 @@ namespace pagedmha::tools {
 /// Refcounted pages of one cache group. Page 0 is the reserved dummy page: never
 /// handed out, never freed. Pages are shared by reference (prefix cache, requests);
 /// a page returns to the free list when its last reference is released.
+///
+/// Decode context parallelism (`owners` > 1): the pool is one pool of `num_pages` pages
+/// per rank (each with its own page 0 there); owner o holds the ids
+/// [1 + o * (num_pages - 1), 1 + (o + 1) * (num_pages - 1)), local id on its rank
+/// id - o * (num_pages - 1), and a page is allocated from a given owner's share.
 class PagePool {
  public:
-  /// `num_pages` includes page 0, so `num_pages - 1` pages are usable (>= 1).
-  explicit PagePool(int64_t num_pages);
+  /// `num_pages` includes page 0, so `num_pages - 1` pages per owner are usable (>= 1).
+  explicit PagePool(int64_t num_pages, int owners = 1);
 
   int64_t num_pages() const { return static_cast<int64_t>(refcount_.size()); }
   int64_t capacity() const { return num_pages() - 1; }
-  int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
+  int64_t free_pages() const { return free_total_; }
   int64_t used_pages() const { return capacity() - free_pages(); }
+  int owners() const { return static_cast<int>(free_.size()); }
+  /// Usable pages of one owner (capacity() / owners()).
+  int64_t owner_capacity() const { return per_owner_; }
+  int64_t free_pages(int owner) const { return static_cast<int64_t>(free_.at(owner).size()); }
+  int64_t used_pages(int owner) const { return per_owner_ - free_pages(owner); }
+  /// The owner (rank) of page `page` >= 1, and its id in that rank's own pool.
+  int owner_of(int32_t page) const { return static_cast<int>((page - 1) / per_owner_); }
+  int32_t local_id(int32_t page) const {
+    return page == 0 ? 0 : static_cast<int32_t>(page - int64_t{owner_of(page)} * per_owner_);
+  }
   /// Used pages that only the prefix cache holds (no request references them).
   int64_t cache_only_pages() const { return cache_only_; }
   /// Used pages a request references (used_pages() - cache_only_pages()).
   int64_t live_pages() const { return used_pages() - cache_only_; }
   int32_t refcount(int32_t page) const { return refcount_.at(page); }
 
-  /// A free page with refcount 1, or 0 when none is free.
-  int32_t allocate();
+  /// A free page of `owner` with refcount 1, or 0 when that owner has none free.
+  int32_t allocate(int owner = 0);
   /// Adds a reference; `by_cache`: the prefix cache's.
   void retain(int32_t page, bool by_cache = false);
   /// Drops one reference (`by_cache`: one the prefix cache took); throws Error for page 0
@@ -39,7 +54,9 @@ class PagePool {
  private:
   bool cache_only(int32_t page) const { return cache_refs_[page] > 0 && cache_refs_[page] == refcount_[page]; }
 
-  std::vector<int32_t> free_;  // stack, lowest ids on top first
+  std::vector<std::vector<int32_t>> free_;  // per owner: stack, lowest ids on top first
+  int64_t free_total_ = 0;
+  int64_t per_owner_ = 0;
   std::vector<int32_t> refcount_;
   std::vector<int32_t> cache_refs_;  // the prefix cache's share of refcount_
   int64_t cache_only_ = 0;

@@ -22,6 +22,7 @@
 #include "replay/device_info.h"
 #include "replay/error_text.h"
 #include "replay/executor.h"
+#include "replay/ranked_executor.h"
 #include "replay/token_data.h"
 #include "replay/trace.h"
 #include "report_paths.h"
@@ -137,6 +138,59 @@ std::string fmt(const char* f, double v) {
   return b;
 }
 
+// Each rank's share of a step's bytes: K/V of the keys it holds and reads + Q + O, every
+// layer. TP: its KV and query heads. DCP: all heads; in full-attention layers the keys of
+// its pages (DcpLayout), in sliding-window layers (held whole) every visible key.
+void add_rank_bytes(ReplayResult& res, const StepPlan& plan, double kv_bytes, double q_bytes) {
+  const ModelSpec& m = res.model;
+  const int n = res.ranks.ranks;
+  if (res.ranks.mode == RankMode::single) return;
+  res.rank_bytes.resize(n, 0.0);
+  const DcpLayout layout{n, res.options.page_size};
+  for (int r = 0; r < n; ++r) {
+    const TpShard& s = res.shards[r];
+    double bytes = 0.0;
+    for (const RowPlan& row : plan.rows)
+      for (int l = 0; l < m.num_layers; ++l) {
+        const int w = m.window_left(l);
+        const int64_t keys = res.ranks.mode == RankMode::dcp && w < 0 ? layout.local_len(r, row.seq_len)
+                                                                      : keys_read(row.seq_len, row.q_len, w);
+        bytes += double(keys) * s.kv_heads * m.head_dim * 2.0 * kv_bytes +
+                 double(row.q_len) * s.q_heads * m.head_dim * 2.0 * q_bytes;
+      }
+    res.rank_bytes[r] += bytes;
+  }
+}
+
+// --gpus / --tp / --dcp / --baseline-json (-1: not given): one rank per device, and the
+// ranks split either the heads (--tp) or the KV (--dcp), not both.
+void check_rank_options(const ReplayOptions& o) {
+  const auto bad = [](const char* arg, const std::string& expected, const std::string& got) {
+    throw_invalid_argument("replay", arg, expected, got);
+  };
+  if (o.gpus != -1 && (o.gpus < 1 || o.gpus > kMaxRanks))
+    bad("--gpus", "1.." + std::to_string(kMaxRanks) + " ranks (one device each)", std::to_string(o.gpus));
+  if (o.dcp != -1 && o.dcp < 1) bad("--dcp", ">= 1 ranks", std::to_string(o.dcp));
+  if (o.gpus == -1) {
+    if (o.dcp != -1)
+      bad("--dcp", "--gpus " + std::to_string(o.dcp) + " with it (one device per rank)",
+          "--dcp " + std::to_string(o.dcp) + " without --gpus");
+    if (!o.baseline_json.empty())
+      bad("--baseline-json", "--gpus (the baseline is compared with a multi-rank run)", "no --gpus");
+    return;
+  }
+  const std::string n = std::to_string(o.gpus);
+  if (o.dcp != -1) {
+    if (o.dcp != o.gpus) bad("--dcp", "--gpus (" + n + "): one rank per device", std::to_string(o.dcp));
+    if (o.overrides.tp != 1)
+      bad("--tp", "1 with --dcp (tensor and context parallelism together are not implemented)",
+          std::to_string(o.overrides.tp));
+  } else if (o.overrides.tp != o.gpus) {
+    bad("--tp", n + " (= --gpus: one rank per device), or --dcp " + n, std::to_string(o.overrides.tp));
+  }
+  if (o.dry_run) bad("--dry-run", "no --gpus (a dry run schedules for one device)", "--gpus " + n);
+}
+
 }  // namespace
 
 Device parse_device(const std::string& name, const char* cmd) {
@@ -211,6 +265,12 @@ void check_replay_options(const ReplayOptions& given) {
                            std::to_string(given.requests));
   if (given.spec_tokens < 1 || given.spec_tokens > 8)
     throw_invalid_argument("replay", "--spec-tokens", "1..8 (the backend's limit)", std::to_string(given.spec_tokens));
+  check_rank_options(given);
+}
+
+RankSetup rank_setup(const ReplayOptions& o) {
+  if (o.gpus == -1) return {};
+  return {o.dcp != -1 ? RankMode::dcp : RankMode::tp, o.gpus};
 }
 
 ReplayResult run_replay(const ReplayOptions& given) {
@@ -220,9 +280,23 @@ ReplayResult run_replay(const ReplayOptions& given) {
   res.device = parse_device(given.device);
   const ReplayOptions o = resolve_replay_defaults(given, res.device);
   res.options = o;
+  res.ranks = rank_setup(o);
+  const int nranks = res.ranks.ranks;
+  const bool multi = res.ranks.mode != RankMode::single, dcp = res.ranks.mode == RankMode::dcp;
   ModelOverrides ov = o.overrides;
+  if (multi) {
+    make_model(o.model, ov);  // --tp's rules against the heads
+    ov.tp = 1;                // the ranks split the whole model
+  }
   res.model = make_model(o.model, ov);
   const ModelSpec& m = res.model;
+  for (int r = 0; multi && r < nranks; ++r)
+    res.shards.push_back(dcp ? TpShard{0, m.num_q_heads, 0, m.num_kv_heads}
+                             : tp_shard(m.num_q_heads, m.num_kv_heads, nranks, r));
+  // Each device holds the K/V of its own KV heads.
+  const int device_kv_heads = multi ? res.shards[0].kv_heads : m.num_kv_heads;
+  if (multi && res.device.is_cuda()) check_rank_devices(nranks);
+  if (!o.baseline_json.empty()) res.baseline = load_scaling_baseline(o.baseline_json, o, m);
   const DType kv_dtype = parse_kv_dtype(o.kv_dtype);
   const DType q_dtype = kv_dtype == DType::fp16 ? DType::fp16 : DType::bf16;
 
@@ -247,7 +321,7 @@ ReplayResult run_replay(const ReplayOptions& given) {
   res.requests = static_cast<int64_t>(reqs.size());
 
   // Pages per group: --pages, or --kv-memory spread over every layer's K and V.
-  const double bytes_per_page_all_layers = double(o.page_size) * m.num_kv_heads * m.head_dim * 2.0 *
+  const double bytes_per_page_all_layers = double(o.page_size) * device_kv_heads * m.head_dim * 2.0 *
                                            double(dtype_size(kv_dtype)) * m.num_layers;
   int64_t pages = o.pages;
   if (pages < 0) {
@@ -272,11 +346,13 @@ ReplayResult run_replay(const ReplayOptions& given) {
   sc.prefix_cache = o.prefix_cache;
   sc.seed = o.seed;
   sc.host_tables = false;  // the executor keeps device tables from the requests' pages
+  sc.cp_ranks = dcp ? nranks : 1;
   Scheduler sched(m, sc, std::move(reqs));
 
   // Buffers hold what a step can use: each query token takes a pool slot and each row at
   // least one token, so a huge --token-budget / --max-running ("no limit") sizes nothing.
-  const int64_t step_tokens = std::min({int64_t{o.token_budget}, (pages - 1) * o.page_size, all_tokens});
+  const int64_t pool_tokens = (pages - 1) * o.page_size * (dcp ? nranks : 1);
+  const int64_t step_tokens = std::min({int64_t{o.token_budget}, pool_tokens, all_tokens});
   const int64_t step_rows = std::min({int64_t{o.max_running}, res.requests, step_tokens});
 
   ExecutorConfig ec;
@@ -295,8 +371,9 @@ ReplayResult run_replay(const ReplayOptions& given) {
   ec.cuda_graphs = o.cuda_graphs;
   std::unique_ptr<AttentionExecutor> exec;
   try {
-    exec = o.dry_run ? make_dry_run_executor() : make_backend_executor(ec);
+    exec = o.dry_run ? make_dry_run_executor() : multi ? make_ranked_executor(ec, res.ranks) : make_backend_executor(ec);
   } catch (const Error& e) {
+    if (std::string(e.what()).find("--gpus") != std::string::npos) throw;  // NCCL and its devices
     // Name the flags that size the buffers (a failed allocation names only bytes).
     throw Error("replay: --pages / --token-budget / --max-running: expected buffers that fit on " +
                 res.device.str() + " for " + std::to_string(pages) + " pages, " + std::to_string(step_tokens) +
@@ -341,6 +418,12 @@ ReplayResult run_replay(const ReplayOptions& given) {
     StepRecord rec;
     rec.step = plan.step;
     rec.attention_s = exec->run_step(plan, sched.states(), points, &got);
+    rec.step_s = rec.attention_s;
+    rec.ranks = exec->take_rank_times();
+    for (const RankTimes& t : rec.ranks) {
+      rec.combine_s = std::max(rec.combine_s, t.combine_s);
+      rec.step_s = std::max(rec.step_s, t.attention_s + t.combine_s);
+    }
     const StepHostTimes host = exec->take_host_times();
     rec.metadata_s = host.metadata_s;
     rec.prepare_s = host.prepare_s;
@@ -358,32 +441,39 @@ ReplayResult run_replay(const ReplayOptions& given) {
         rec.flops += 4.0 * m.num_q_heads * m.head_dim * double(visible_pairs(r.seq_len, r.q_len, w));
       }
     }
+    add_rank_bytes(res, plan, kv_bytes, q_bytes);
     rec.pages_in_use = sched.used_pages();
     rec.live_pages = sched.live_pages();
     if (check) {
       ++res.check.steps_checked;
-      for (size_t i = 0; i < points.size(); ++i) {
+      const int nr = exec->ranks();
+      for (size_t i = 0; i < points.size() && res.check.ok; ++i) {
         const std::vector<float> ref = reference_row(m, sched, points[i].layer, queries[i].first, queries[i].second,
                                                      kv_dtype, q_dtype, o.seed);
-        double num = 0, den = 0;
-        bool finite = true;
-        for (size_t j = 0; j < ref.size(); ++j) {
-          finite &= std::isfinite(got[i][j]);
-          num += (double(got[i][j]) - ref[j]) * (double(got[i][j]) - ref[j]);
-          den += double(ref[j]) * ref[j];
-        }
-        const double rel = std::sqrt(num / std::max(den, 1e-30));
-        ++res.check.rows_checked;
-        res.check.max_rel_err = std::max(res.check.max_rel_err, finite ? rel : INFINITY);
-        // bf16 / fp16 outputs: both sides round once to 8 / 11 mantissa bits.
-        const double tol = q_dtype == DType::bf16 ? 1e-2 : 2e-3;
-        if (!finite || !(rel <= tol)) {
-          res.check.ok = false;
-          res.check.failure = "step " + std::to_string(plan.step) + ", request " + std::to_string(queries[i].first) +
-                              ", position " + std::to_string(queries[i].second) + ", layer " +
-                              std::to_string(points[i].layer) + ": relative L2 error " + fmt("%.3g", rel) +
-                              " > " + fmt("%.0e", tol) + (finite ? "" : " (non-finite output)");
-          break;
+        // Every rank holds the combined output: each is checked.
+        for (int rank = 0; rank < nr; ++rank) {
+          const std::vector<float>& row = got[rank * points.size() + i];
+          double num = 0, den = 0;
+          bool finite = row.size() == ref.size();
+          for (size_t j = 0; finite && j < ref.size(); ++j) {
+            finite &= std::isfinite(row[j]);
+            num += (double(row[j]) - ref[j]) * (double(row[j]) - ref[j]);
+            den += double(ref[j]) * ref[j];
+          }
+          const double rel = std::sqrt(num / std::max(den, 1e-30));
+          ++res.check.rows_checked;
+          res.check.max_rel_err = std::max(res.check.max_rel_err, finite ? rel : INFINITY);
+          // bf16 / fp16 outputs: both sides round once to 8 / 11 mantissa bits.
+          const double tol = q_dtype == DType::bf16 ? 1e-2 : 2e-3;
+          if (!finite || !(rel <= tol)) {
+            res.check.ok = false;
+            res.check.failure = (multi ? "rank " + std::to_string(rank) + ", " : std::string()) + "step " +
+                                std::to_string(plan.step) + ", request " + std::to_string(queries[i].first) +
+                                ", position " + std::to_string(queries[i].second) + ", layer " +
+                                std::to_string(points[i].layer) + ": relative L2 error " + fmt("%.3g", rel) +
+                                " > " + fmt("%.0e", tol) + (finite ? "" : " (non-finite output)");
+            break;
+          }
         }
       }
     }
@@ -407,238 +497,6 @@ ReplayResult run_replay(const ReplayOptions& given) {
   res.truncated = !sched.done() && res.check.ok;
   res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return res;
-}
-
-std::string build_commit() {
-  if (const char* env = std::getenv("PAGEDMHA_COMMIT"); env && *env) return env;
-#ifdef PAGEDMHA_GIT_SHA
-  if (*PAGEDMHA_GIT_SHA) return PAGEDMHA_GIT_SHA;
-#endif
-  return "unknown";
-}
-
-nlohmann::json replay_report_json(const ReplayResult& r) {
-  using nlohmann::json;
-  const ReplayOptions& o = r.options;
-  const double read_bps = o.ceiling_read_tbps * 1e12, flops_ps = o.ceiling_tflops * 1e12;
-  const bool roofline = read_bps > 0 && flops_ps > 0;
-  // Roofline floor of a step (PERFORMANCE.md: bytes and flops over the ceilings): the
-  // slower of streaming its bytes and computing its flops.
-  const auto floor_s = [&](const StepRecord& s) { return roofline ? std::max(s.bytes / read_bps, s.flops / flops_ps) : 0.0; };
-  double att = 0, meta = 0, prep = 0, sched_s = 0, capture = 0, bytes = 0, flops = 0, floor = 0;
-  double dec_att = 0, dec_bytes = 0, dec_floor = 0, ext_att = 0, ext_flops = 0, ext_floor = 0;
-  double dec_meta = 0, max_meta = 0;
-  int64_t dec_steps = 0;
-  for (const StepRecord& s : r.steps) {
-    att += s.attention_s, meta += s.metadata_s, prep += s.prepare_s, sched_s += s.schedule_s, capture += s.capture_s;
-    bytes += s.bytes, flops += s.flops, floor += floor_s(s);
-    max_meta = std::max(max_meta, s.metadata_s);
-    if (s.extend_rows == 0) {
-      dec_att += s.attention_s, dec_bytes += s.bytes, dec_floor += floor_s(s), dec_meta += s.metadata_s, ++dec_steps;
-    } else {
-      ext_att += s.attention_s, ext_flops += s.flops, ext_floor += floor_s(s);
-    }
-  }
-  const DeviceCeilings c = device_ceilings_of(r.device);
-  // Figures over a measured time are null when nothing was timed (a dry run, no steps of
-  // that kind): NaN marks them here and `val` turns it into null.
-  const auto rate = [](double x, double t) { return t > 0 ? x / t : std::nan(""); };
-  const auto val = [](double x) { return std::isfinite(x) ? json(x) : json(nullptr); };
-  const auto ratio = [&](double x) { return roofline ? val(x) : json(nullptr); };
-  const double tbps = rate(bytes, att) / 1e12, tflops = rate(flops, att) / 1e12;
-  const double dec_tbps = rate(dec_bytes, dec_att) / 1e12, ext_tflops = rate(ext_flops, ext_att) / 1e12;
-  const int64_t steps = static_cast<int64_t>(r.steps.size());
-  const auto per_step_us = [&](double x, int64_t n) { return n ? x / n * 1e6 : 0.0; };
-  json j;
-  j["tool"] = "pagedmha replay";
-  j["command"] = o.command.empty() ? json(nullptr) : json(o.command);
-  j["commit"] = build_commit();
-  j["device"] = r.device.str();
-  j["gpu"] = c.gpu.empty() ? json(nullptr) : json(c.gpu);
-  j["executor"] = r.executor;
-  j["truncated"] = r.truncated;  // stopped by --time-limit / --max-steps: the summary covers the steps run
-  // Repository-relative, as in the command: never a path of the machine that ran.
-  const std::string trace = o.trace.empty() ? "built-in" : repo_relative(o.trace, PAGEDMHA_SOURCE_DIR);
-  j["options"] = {{"trace", trace}, {"format", o.format}, {"requests", o.requests},
-                  {"model", o.model}, {"kv_dtype", o.kv_dtype}, {"page_size", o.page_size},
-                  {"pages_per_group", r.pages_per_group}, {"token_budget", o.token_budget},
-                  {"max_running", o.max_running}, {"spec_tokens", o.spec_tokens}, {"accept_rate", o.accept_rate},
-                  {"prefix_cache", o.prefix_cache}, {"cuda_graphs", o.cuda_graphs}, {"check_every", o.check_every},
-                  {"seed", o.seed}, {"max_steps", o.max_steps}, {"dry_run", o.dry_run},
-                  {"time_limit_s", o.time_limit_s >= 0 ? json(o.time_limit_s) : json(nullptr)}};
-  json groups = json::array();
-  for (const CacheGroupSpec& g : r.model.groups) groups.push_back({{"name", g.name}, {"window_left", g.window_left}});
-  j["model"] = {{"name", r.model.name}, {"layers", r.model.num_layers}, {"q_heads", r.model.num_q_heads},
-                {"kv_heads", r.model.num_kv_heads}, {"head_dim", r.model.head_dim}, {"sinks", r.model.sinks},
-                {"cache_groups", groups}};
-  const SchedulerStats& s = r.sched;
-  // Why no prefix-cache hit rate applies: the cache is off, or no prompt was looked up.
-  const std::string prefix_na = !s.prefix_cache_off.empty() ? s.prefix_cache_off
-                                : s.prefix_lookup_tokens == 0 ? "no request admitted"
-                                                              : "";
-  // A dry run measures no time at all: its time figures are null.
-  const auto timed = [&](double x) { return o.dry_run ? json(nullptr) : json(x); };
-  j["summary"] = {
-      {"requests", r.requests}, {"finished", r.finished}, {"truncated", r.truncated}, {"steps", steps}, {"decode_steps", dec_steps},
-      {"prompt_tokens", r.prompt_tokens}, {"output_tokens", r.output_tokens},
-      {"prefill_tokens_computed", s.prefill_tokens}, {"decode_query_tokens", s.decode_tokens},
-      {"generated_tokens", s.generated_tokens}, {"accepted_draft_tokens", s.accepted_draft_tokens},
-      {"attention_time_s", timed(att)}, {"attention_time_per_step_us", timed(per_step_us(att, steps))},
-      {"attention_time_per_generated_token_us", timed(s.generated_tokens ? att / s.generated_tokens * 1e6 : 0.0)},
-      {"generated_tokens_per_s", val(rate(double(s.generated_tokens), att))},
-      {"backend_metadata_host_time_per_step_us", timed(per_step_us(meta, steps))},
-      {"backend_metadata_host_time_per_decode_step_us", timed(per_step_us(dec_meta, dec_steps))},
-      {"backend_metadata_host_time_max_us", timed(max_meta * 1e6)},
-      {"tool_prepare_host_time_per_step_us", timed(per_step_us(prep, steps))},
-      {"tool_scheduler_host_time_per_step_us", per_step_us(sched_s, steps)},
-      {"graph_capture_host_time_s", timed(capture)},
-      {"bytes", bytes}, {"flops", flops}, {"achieved_tbps", val(tbps)}, {"achieved_tflops", val(tflops)},
-      {"decode_steps_tbps", val(dec_tbps)}, {"extend_steps_tflops", val(ext_tflops)},
-      {"ceilings", roofline ? json{{"read_tbps", o.ceiling_read_tbps}, {"tflops", o.ceiling_tflops}} : json(nullptr)},
-      {"roofline_floor_s", roofline ? json(floor) : json(nullptr)},
-      {"roofline_floor_decode_steps_s", roofline ? json(dec_floor) : json(nullptr)},
-      {"roofline_floor_extend_steps_s", roofline ? json(ext_floor) : json(nullptr)},
-      {"ratio_roofline", ratio(rate(floor, att))},
-      {"ratio_roofline_decode_steps", ratio(rate(dec_floor, dec_att))},
-      {"ratio_roofline_extend_steps", ratio(rate(ext_floor, ext_att))},
-      {"ratio_read_ceiling", ratio(tbps * 1e12 / read_bps)},
-      {"ratio_decode_read_ceiling", ratio(dec_tbps * 1e12 / read_bps)},
-      {"ratio_tflops_ceiling", ratio(tflops * 1e12 / flops_ps)},
-      {"ratio_extend_tflops_ceiling", ratio(ext_tflops * 1e12 / flops_ps)},
-      {"peak_pages", s.peak_pages},  // pages in use, prefix-cache-only ones included
-      {"peak_live_pages", s.peak_live_pages}, {"peak_prefix_cache_pages", s.peak_prefix_cache_pages},
-      // null with the reason when no prompt could hit (0.0 would read as a cold cache).
-      {"prefix_hit_rate", prefix_na.empty() ? json(double(s.prefix_hit_tokens) / s.prefix_lookup_tokens) : json(nullptr)},
-      {"prefix_hit_rate_na", prefix_na.empty() ? json(nullptr) : json(prefix_na)},
-      {"prefix_hit_tokens", s.prefix_hit_tokens}, {"preemptions", s.preemptions},
-      {"wall_time_s", r.wall_s}};
-  j["check"] = {{"steps_checked", r.check.steps_checked}, {"rows_checked", r.check.rows_checked},
-                {"max_rel_err", r.check.max_rel_err}, {"ok", r.check.ok}, {"failure", r.check.failure}};
-  // Per-step records as columns, every stride-th step (the last one too), so a full trace
-  // stays a few hundred kB; the summary above is over every step.
-  const int64_t keep = std::max(1, o.json_steps);
-  const int64_t stride = std::max<int64_t>(1, (steps + keep - 1) / keep);
-  json cols = {{"stride", stride}};
-  const char* names[] = {"step", "rows", "extend_rows", "decode_rows", "tokens", "kv_tokens", "attention_us",
-                         "metadata_us", "prepare_us", "schedule_us", "floor_us", "bytes", "flops", "running",
-                         "waiting"};
-  for (const char* n : names) cols[n] = json::array();
-  cols["pages_in_use"] = json::array();  // per group, prefix-cache-only pages included
-  cols["live_pages"] = json::array();    // per group, pages running requests reference
-  for (size_t g = 0; g < r.model.groups.size(); ++g) {
-    cols["pages_in_use"].push_back(json::array());
-    cols["live_pages"].push_back(json::array());
-  }
-  const auto round2 = [](double x) { return std::round(x * 100.0) / 100.0; };
-  for (int64_t i = 0; i < steps; ++i) {
-    if (i % stride != 0 && i != steps - 1) continue;
-    const StepRecord& st = r.steps[i];
-    cols["step"].push_back(st.step), cols["rows"].push_back(st.rows), cols["extend_rows"].push_back(st.extend_rows);
-    cols["decode_rows"].push_back(st.decode_rows), cols["tokens"].push_back(st.tokens);
-    cols["kv_tokens"].push_back(st.kv_tokens), cols["attention_us"].push_back(round2(st.attention_s * 1e6));
-    cols["metadata_us"].push_back(round2(st.metadata_s * 1e6)), cols["prepare_us"].push_back(round2(st.prepare_s * 1e6));
-    cols["schedule_us"].push_back(round2(st.schedule_s * 1e6)), cols["floor_us"].push_back(round2(floor_s(st) * 1e6));
-    cols["bytes"].push_back(st.bytes), cols["flops"].push_back(st.flops);
-    cols["running"].push_back(st.running), cols["waiting"].push_back(st.waiting);
-    for (size_t g = 0; g < st.pages_in_use.size(); ++g) cols["pages_in_use"][g].push_back(st.pages_in_use[g]);
-    for (size_t g = 0; g < st.live_pages.size(); ++g) cols["live_pages"][g].push_back(st.live_pages[g]);
-  }
-  j["steps"] = std::move(cols);
-  return j;
-}
-
-std::string replay_summary(const ReplayResult& r) {
-  const nlohmann::json j = replay_report_json(r);
-  const auto& s = j["summary"];
-  std::ostringstream out;
-  auto line = [&](const std::string& k, const std::string& v) {
-    out << "  " << k << std::string(k.size() < 34 ? 34 - k.size() : 1, ' ') << v << "\n";
-  };
-  // A row that does not apply says why instead of a bare "-".
-  const bool cpu = r.device.is_cpu(), dry = r.options.dry_run, roofline = !s["ceilings"].is_null();
-  const int64_t steps = s["steps"].get<int64_t>(), dec_steps = s["decode_steps"].get<int64_t>();
-  // The roofline figures need both ceilings (a step's floor is the slower of the two).
-  const std::string no_roofline =
-      cpu ? "n/a on CPU (no roofline ceilings: needs both --ceiling-read-tbps and --ceiling-tflops)"
-          : "n/a (no roofline ceilings)";
-  auto why = [&](bool needs_roofline, int64_t kind_steps, const char* kind) -> std::string {
-    if (needs_roofline && !roofline) return no_roofline;
-    if (dry) return "n/a (dry run: nothing is timed)";
-    if (kind_steps == 0) return std::string("n/a (no ") + kind + ")";
-    return "n/a";
-  };
-  auto num = [](const nlohmann::json& v, const char* f, const std::string& na) {
-    return v.is_null() ? na : fmt(f, v.get<double>());
-  };
-  const std::string na_time = why(false, steps, "steps"), na_dec = why(false, dec_steps, "decode-only steps"),
-                    na_ext = why(false, steps - dec_steps, "extend steps");
-  out << "pagedmha replay: " << r.model.describe() << "\n";
-  line("executor", r.executor);
-  line("requests (finished / total)", std::to_string(r.finished) + " / " + std::to_string(r.requests) +
-                                          (r.truncated ? "  TRUNCATED (--time-limit / --max-steps)" : ""));
-  line("steps", std::to_string(r.steps.size()));
-  // The requests' own totals; a truncated run produced fewer (per-token figures divide by
-  // what was produced).
-  line(r.truncated ? "prompt / output tokens (all requests)" : "prompt / output tokens",
-       std::to_string(r.prompt_tokens) + " / " + std::to_string(r.output_tokens));
-  line("prefill tokens computed", std::to_string(r.sched.prefill_tokens));
-  line("attention time total", num(s["attention_time_s"], "%.4f s", na_time));
-  line("attention time per step", num(s["attention_time_per_step_us"], "%.1f us", na_time));
-  line("attention time per output token", num(s["attention_time_per_generated_token_us"], "%.2f us", na_time));
-  line("backend metadata host per step",
-       num(s["backend_metadata_host_time_per_step_us"], "%.1f us", na_time) +
-           (dry || dec_steps == 0 ? ""
-                                  : " (decode steps " +
-                                        num(s["backend_metadata_host_time_per_decode_step_us"], "%.1f us", na_dec) +
-                                        ")"));
-  line("tool host per step (prep / sched)", num(s["tool_prepare_host_time_per_step_us"], "%.1f us", na_time) +
-                                                " / " + num(s["tool_scheduler_host_time_per_step_us"], "%.1f us", ""));
-  line("graph capture (one-off)", dry                      ? "n/a (dry run: nothing is timed)"
-                                  : cpu                    ? "n/a on CPU (CUDA graphs run on the GPU only)"
-                                  : !r.options.cuda_graphs ? "n/a (--no-cuda-graphs)"
-                                                           : num(s["graph_capture_host_time_s"], "%.2f s", na_time));
-  line("achieved bandwidth (all steps)", num(s["achieved_tbps"], "%.4f TB/s", na_time));
-  line("achieved bandwidth (decode steps)", num(s["decode_steps_tbps"], "%.4f TB/s", na_dec));
-  line("achieved compute (all steps)", num(s["achieved_tflops"], "%.4f TFLOP/s", na_time));
-  line("achieved compute (extend steps)", num(s["extend_steps_tflops"], "%.4f TFLOP/s", na_ext));
-  line("ratio to read ceiling (decode)",
-       num(s["ratio_decode_read_ceiling"], "%.3f", why(true, dec_steps, "decode-only steps")));
-  line("ratio to TFLOP/s ceiling (extend)",
-       num(s["ratio_extend_tflops_ceiling"], "%.3f", why(true, steps - dec_steps, "extend steps")));
-  line("K/V + Q + O bytes / flops", fmt("%.4g TB", s["bytes"].get<double>() / 1e12) + " / " +
-                                        fmt("%.4g PFLOP", s["flops"].get<double>() / 1e15));
-  line("roofline floor (decode / extend)", !roofline ? no_roofline
-                                                     : num(s["roofline_floor_s"], "%.3f s", "") + " (" +
-                                                           num(s["roofline_floor_decode_steps_s"], "%.3f s", "") +
-                                                           " / " +
-                                                           num(s["roofline_floor_extend_steps_s"], "%.3f s", "") + ")");
-  line("roofline ratio (whole trace)",
-       !roofline || dry ? why(true, steps, "steps")
-                        : num(s["ratio_roofline"], "%.3f", na_time) + " (decode steps " +
-                              num(s["ratio_roofline_decode_steps"], "%.3f", na_dec) + ", extend steps " +
-                              num(s["ratio_roofline_extend_steps"], "%.3f", na_ext) + ")");
-  // Pages in use include prompt blocks only the prefix cache still holds (it gives them up
-  // on demand): the live pages, those running requests reference, are the pool pressure.
-  auto per_group = [&](const std::vector<int64_t>& v) {
-    std::string text;
-    for (size_t g = 0; g < v.size(); ++g) text += (g ? ", " : "") + r.model.groups[g].name + " " + std::to_string(v[g]);
-    return text;
-  };
-  line("peak pages live (of " + std::to_string(r.pages_per_group - 1) + ")", per_group(r.sched.peak_live_pages));
-  line("peak pages, prefix cache only", per_group(r.sched.peak_prefix_cache_pages));
-  line("peak pages in use (live + cache)", per_group(r.sched.peak_pages));
-  line("prefix-cache hit rate", s["prefix_hit_rate"].is_null()
-                                    ? "n/a (" + s["prefix_hit_rate_na"].get<std::string>() + ")"
-                                    : num(s["prefix_hit_rate"], "%.4f", ""));
-  line("preemptions", std::to_string(r.sched.preemptions));
-  line("checks (steps / rows, max rel err)",
-       dry                          ? "n/a (dry run: no attention to check)"
-       : r.options.check_every == 0 ? "n/a (--check-every 0)"
-                                    : std::to_string(r.check.steps_checked) + " / " +
-                                          std::to_string(r.check.rows_checked) + ", " +
-                                          fmt("%.3g", r.check.max_rel_err) + (r.check.ok ? " ok" : " MISMATCH"));
-  line("wall time", fmt("%.2f s", r.wall_s));
-  return out.str();
 }
 
 int replay_main(const ReplayOptions& options) {

@@ -3,13 +3,16 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "pagedmha/tensor.h"
+#include "replay/executor.h"
 #include "replay/model.h"
+#include "replay/ranks.h"
 #include "replay/scheduler.h"
 
 namespace pagedmha::tools {
@@ -49,6 +52,13 @@ struct ReplayOptions {
   bool progress = true;
   bool quiet = false;            // no final table
   std::string command;           // the invocation (argv joined), recorded in --json; empty: not known
+  // Several ranks (docs/multi-gpu.md): -1 = not given. --gpus N runs N ranks in one process,
+  // one device (cuda:0..N-1; on --device cpu, threads) each, with --tp N (heads split) or
+  // --dcp N (KV split by pages). Without --gpus, --tp N alone serves one rank's heads on one
+  // device, as before. --pages / --kv-memory are per device.
+  int gpus = -1;
+  int dcp = -1;
+  std::string baseline_json;     // a one-device report of the same trace: scaling figures
 };
 
 /// Fills the device-dependent defaults: on CUDA llama3-8b, all requests of a trace (or
@@ -73,6 +83,12 @@ struct StepRecord {
   double prepare_s = 0.0;   // host: the tool's lengths, page-table sync, token data
   double schedule_s = 0.0;  // host: the tool's scheduler (schedule + complete)
   double capture_s = 0.0;   // host: CUDA-graph capture (first use of a batch size)
+  // Several ranks: attention_s is the slowest rank's attention; combine_s the slowest rank's
+  // combination of the ranks' outputs (collective, DCP merge); step_s the slowest rank's sum.
+  // One device: combine_s = 0, step_s = attention_s.
+  double combine_s = 0.0;
+  double step_s = 0.0;
+  std::vector<RankTimes> ranks;  // per rank (several ranks only)
   double bytes = 0.0;       // K/V read for visible keys + Q + O, all layers
   double flops = 0.0;       // 4 * Hq * D * visible pairs, all layers
   std::vector<int64_t> pages_in_use;  // per group, pages only the prefix cache holds included
@@ -82,15 +98,29 @@ struct StepRecord {
 
 struct CheckStats {
   int64_t steps_checked = 0;
-  int64_t rows_checked = 0;  // (query row, layer) pairs
+  int64_t rows_checked = 0;  // (query row, layer) pairs, on every rank: (row, layer, rank)
   double max_rel_err = 0.0;
   bool ok = true;
   std::string failure;
 };
 
+/// The one-device run a multi-rank run is compared with (--baseline-json).
+struct ScalingBaseline {
+  std::string path;
+  double attention_s = 0.0;
+  double decode_attention_s = -1.0;  // < 0: not in the report (older reports)
+  int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, generated_tokens = 0;
+  bool truncated = false;
+  std::string device, gpu, commit;
+};
+
 struct ReplayResult {
   ReplayOptions options;  // resolved
-  ModelSpec model;
+  ModelSpec model;        // the whole model (one device with --tp alone: one rank's heads)
+  RankSetup ranks;
+  std::vector<TpShard> shards;     // tp: per rank
+  std::vector<double> rank_bytes;  // per rank: K/V of its keys + Q + O, all steps and layers
+  std::optional<ScalingBaseline> baseline;
   Device device;
   std::string executor;
   SchedulerStats sched;
@@ -104,6 +134,13 @@ struct ReplayResult {
 
 /// Throws Error naming the flag for an option no replay accepts (before any work).
 void check_replay_options(const ReplayOptions& options);
+
+/// The ranks the (checked) options ask for: single without --gpus, else tp or dcp.
+RankSetup rank_setup(const ReplayOptions& options);
+
+/// Reads --baseline-json and checks that it is a one-device report of the same trace,
+/// model and scheduling options as `options` (resolved); throws Error naming the flag.
+ScalingBaseline load_scaling_baseline(const std::string& path, const ReplayOptions& options, const ModelSpec& model);
 
 /// Runs the replay; throws Error for bad options or traces. A check mismatch stops the
 /// run and is reported in result.check (ok = false).

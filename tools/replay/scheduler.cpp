@@ -34,7 +34,9 @@ Scheduler::Scheduler(const ModelSpec& model, const SchedulerConfig& config,
   if (config_.token_budget < config_.spec_tokens)
     bad("--token-budget", ">= --spec-tokens (" + std::to_string(config_.spec_tokens) + ")",
         config_.token_budget);
-  for (size_t g = 0; g < model_.groups.size(); ++g) pools_.emplace_back(config_.num_pages);
+  if (config_.cp_ranks < 1) bad("--dcp", ">= 1 ranks", config_.cp_ranks);
+  for (const CacheGroupSpec& g : model_.groups)
+    pools_.emplace_back(config_.num_pages, g.window_left < 0 ? config_.cp_ranks : 1);
   bool any_hashes = false;
   for (const Request& r : requests_) any_hashes |= !r.hash_ids.empty();
   if (!config_.prefix_cache) {
@@ -49,7 +51,6 @@ Scheduler::Scheduler(const ModelSpec& model, const SchedulerConfig& config,
   }
   // A request must fit alone: its whole KV in a full group, the window plus one
   // step's chunk in a sliding group (64-bit: --window and --token-budget may be 2^31 - 1).
-  const int64_t cap = pools_.front().capacity();
   for (size_t i = 0; i < requests_.size(); ++i) {
     const Request& req = requests_[i];
     if (!std::isfinite(req.arrival_s))
@@ -59,15 +60,21 @@ Scheduler::Scheduler(const ModelSpec& model, const SchedulerConfig& config,
       throw Error("replay: request " + std::to_string(i) + ": prompt + output tokens: expected each >= 1 and at "
                   "most 2^30 in all, got " + std::to_string(req.prompt_len) + " + " + std::to_string(req.output_len));
     const int64_t max_kv = int64_t{req.prompt_len} + req.output_len + config_.spec_tokens;
-    for (const CacheGroupSpec& g : model_.groups) {
+    for (size_t gi = 0; gi < model_.groups.size(); ++gi) {
+      const CacheGroupSpec& g = model_.groups[gi];
       int64_t need = ceil_div(max_kv, config_.page_size);
       if (g.window_left >= 0)
         need = std::min(need, ceil_div(int64_t{g.window_left} + 1 + config_.token_budget, config_.page_size) + 2);
+      // Round-robin pages: rank 0 holds the most, ceil(need / owners).
+      const int owners = pools_[gi].owners();
+      need = ceil_div(need, owners);
+      const int64_t cap = pools_[gi].owner_capacity();
       if (need > cap)
         throw Error("replay: --pages: request " + std::to_string(i) + " (" +
                     std::to_string(requests_[i].prompt_len) + " + " +
                     std::to_string(requests_[i].output_len) + " tokens) needs " +
-                    std::to_string(need) + " pages of group " + g.name + ", the pool has " +
+                    std::to_string(need) + " pages of group " + g.name +
+                    (owners > 1 ? " on one of " + std::to_string(owners) + " ranks" : std::string()) + ", the pool has " +
                     std::to_string(cap) + " usable; give --pages >= " + std::to_string(need + 1) +
                     " (page 0 is reserved), more --kv-memory or fewer tokens");
     }
@@ -95,6 +102,7 @@ Scheduler::Scheduler(const ModelSpec& model, const SchedulerConfig& config,
   stats_.peak_pages.assign(pools_.size(), 0);
   stats_.peak_live_pages.assign(pools_.size(), 0);
   stats_.peak_prefix_cache_pages.assign(pools_.size(), 0);
+  for (const PagePool& p : pools_) stats_.peak_owner_pages.emplace_back(p.owners(), 0);
 }
 
 uint64_t Scheduler::token_stream(int r, int position) const {
@@ -128,11 +136,18 @@ bool Scheduler::ensure_pages(int r, int kv_len) {
   const int64_t need = ceil_div(kv_len, config_.page_size);
   for (size_t g = 0; g < pools_.size(); ++g) {
     auto& pages = st.pages[g];
+    const int owners = pools_[g].owners();
     while (static_cast<int64_t>(pages.size()) < need) {
-      int32_t page = pools_[g].allocate();
+      const int owner = static_cast<int>(pages.size() % owners);
+      int32_t page = pools_[g].allocate(owner);
       if (page == 0 && cache_) {
-        cache_->evict(static_cast<int>(g), need - static_cast<int64_t>(pages.size()));
-        page = pools_[g].allocate();
+        if (owners == 1) {
+          cache_->evict(static_cast<int>(g), need - static_cast<int64_t>(pages.size()));
+          page = pools_[g].allocate();
+        } else {
+          // A block's pages lie on every rank: evict until this owner has one.
+          while (page == 0 && cache_->evict(static_cast<int>(g), 1) > 0) page = pools_[g].allocate(owner);
+        }
       }
       if (page == 0) return false;
       pages.push_back(page);
@@ -328,6 +343,8 @@ StepPlan Scheduler::schedule() {
     stats_.peak_pages[g] = std::max(stats_.peak_pages[g], pools_[g].used_pages());
     stats_.peak_live_pages[g] = std::max(stats_.peak_live_pages[g], pools_[g].live_pages());
     stats_.peak_prefix_cache_pages[g] = std::max(stats_.peak_prefix_cache_pages[g], pools_[g].cache_only_pages());
+    for (int o = 0; o < pools_[g].owners(); ++o)
+      stats_.peak_owner_pages[g][o] = std::max(stats_.peak_owner_pages[g][o], pools_[g].used_pages(o));
   }
   return plan;
 }
@@ -385,7 +402,14 @@ void Scheduler::check_invariants() const {
     for (size_t g = 0; g < pools_.size(); ++g) {
       if (st.phase != RequestState::Phase::running && !st.pages[g].empty())
         throw Error("replay: invariant: request " + std::to_string(r) + " holds pages while not running");
-      for (int32_t page : st.pages[g]) ++refs[g][page];
+      for (size_t c = 0; c < st.pages[g].size(); ++c) {
+        const int32_t page = st.pages[g][c];
+        ++refs[g][page];
+        if (page != 0 && pools_[g].owner_of(page) != static_cast<int>(c % pools_[g].owners()))
+          throw Error("replay: invariant: request " + std::to_string(r) + " page " + std::to_string(c) + " of group " +
+                      model_.groups[g].name + " is on rank " + std::to_string(pools_[g].owner_of(page)) +
+                      ", its position names rank " + std::to_string(c % pools_[g].owners()));
+      }
     }
   }
   const std::vector<std::vector<int64_t>> request_refs = refs;

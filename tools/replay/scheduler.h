@@ -26,6 +26,11 @@ struct SchedulerConfig {
   bool prefix_cache = true;     // used when the requests carry hash ids
   double admit_watermark = 0.01;  // fraction of pages kept free when admitting
   uint64_t seed = 0;
+  /// Decode-context-parallel ranks (replay --dcp): the pages of full-attention groups are
+  /// dealt round-robin by logical page (DcpLayout: page c of a request on rank c % cp_ranks),
+  /// each rank with its own pool of num_pages pages; sliding-window groups stay whole on
+  /// every rank (num_pages each).
+  int cp_ranks = 1;
   /// Build StepPlan::page_tables / out_cache_loc on the host (O(rows * cols) per step);
   /// the replay reads the requests' pages instead (PageTableMirror).
   bool host_tables = true;
@@ -83,6 +88,7 @@ struct SchedulerStats {
   std::vector<int64_t> peak_pages;   // per group: pages in use, prefix-cache-only ones included
   std::vector<int64_t> peak_live_pages;         // per group: pages running requests reference
   std::vector<int64_t> peak_prefix_cache_pages; // per group: pages only the prefix cache holds
+  std::vector<std::vector<int64_t>> peak_owner_pages;  // [group][owner]: pages in use per rank's pool
 };
 
 class Scheduler {
@@ -115,8 +121,12 @@ class Scheduler {
   std::vector<int64_t> used_pages() const;
   /// Pages running requests reference, per group (used_pages() less the prefix cache's own).
   std::vector<int64_t> live_pages() const;
+  /// Ranks that share group g's pages (SchedulerConfig::cp_ranks for a full-attention group
+  /// under DCP, else 1); logical page c of a request lives on rank c % owners.
+  int owners(size_t group) const { return pools_[group].owners(); }
   /// Pages that running requests and the cache reference, per group: checks that no
-  /// page is leaked (used == referenced) and that page 0 is nowhere. Throws on a violation.
+  /// page is leaked (used == referenced), that page 0 is nowhere and that every page lies
+  /// in the pool of the rank its logical position names. Throws on a violation.
   void check_invariants() const;
 
  private:
