@@ -36,10 +36,15 @@ pt::ReplayOptions short_replay(bool hybrid) {
   return o;
 }
 
-void skip_without_nccl_gpus(int ranks) {
-  if (!pt::built_with_nccl()) GTEST_SKIP() << "this build has no NCCL (PAGEDMHA_WITH_NCCL)";
-  if (pt::cuda_device_count() < ranks) GTEST_SKIP() << ranks << " CUDA device(s) needed";
+// Why a test of `ranks` ranks cannot run here (empty: it can). GTEST_SKIP must be in the
+// TEST body itself: in a helper it returns from the helper only and the test goes on.
+std::string missing_nccl_gpus(int ranks) {
+  if (!pt::built_with_nccl()) return "this build has no NCCL (PAGEDMHA_WITH_NCCL)";
+  if (pt::cuda_device_count() < ranks) return std::to_string(ranks) + " CUDA device(s) needed";
+  return "";
 }
+#define SKIP_WITHOUT_NCCL_GPUS(ranks)                                            \
+  if (const std::string why = missing_nccl_gpus(ranks); !why.empty()) GTEST_SKIP() << why
 
 void run_ranks(bool hybrid, int ranks, bool dcp) {
   pt::ReplayOptions o = short_replay(hybrid);
@@ -69,31 +74,31 @@ void run_ranks(bool hybrid, int ranks, bool dcp) {
 }  // namespace
 
 TEST(MultiRankGpu, OneRankTensorParallelThroughNccl) {
-  skip_without_nccl_gpus(1);
+  SKIP_WITHOUT_NCCL_GPUS(1);
   run_ranks(false, 1, false);
   run_ranks(true, 1, false);
 }
 
 TEST(MultiRankGpu, OneRankDecodeContextParallelThroughNccl) {
-  skip_without_nccl_gpus(1);
+  SKIP_WITHOUT_NCCL_GPUS(1);
   run_ranks(false, 1, true);
   run_ranks(true, 1, true);
 }
 
 TEST(MultiRankGpu, TwoRanksTensorParallel) {
-  skip_without_nccl_gpus(2);
+  SKIP_WITHOUT_NCCL_GPUS(2);
   run_ranks(false, 2, false);
   run_ranks(true, 2, false);
 }
 
 TEST(MultiRankGpu, TwoRanksDecodeContextParallel) {
-  skip_without_nccl_gpus(2);
+  SKIP_WITHOUT_NCCL_GPUS(2);
   run_ranks(false, 2, true);
   run_ranks(true, 2, true);
 }
 
 TEST(MultiRankGpu, MoreRanksThanDevicesNamesTheFlag) {
-  skip_without_nccl_gpus(1);
+  SKIP_WITHOUT_NCCL_GPUS(1);
   pt::ReplayOptions o = short_replay(false);
   const int n = pt::cuda_device_count() + 1;
   o.gpus = n, o.overrides.tp = n;
