@@ -21,6 +21,7 @@
 #include "replay/device_info.h"
 #include "replay/ranked_executor.h"
 #include "replay/replay.h"
+#include "small_replay.h"
 
 namespace pt = pagedmha::tools;
 namespace fs = std::filesystem;
@@ -28,20 +29,7 @@ using testutil::error_of;
 
 namespace {
 
-pt::ReplayOptions small() {
-  pt::ReplayOptions o;
-  o.device = "cpu";
-  o.requests = 4;
-  o.model = "custom";
-  o.overrides.layers = 2, o.overrides.q_heads = 8, o.overrides.kv_heads = 2, o.overrides.head_dim = 64;
-  o.pages = 512;
-  o.token_budget = 1024;
-  o.max_running = 4;
-  o.check_every = 1;
-  o.check_rows = 3;
-  o.progress = false;
-  return o;
-}
+pt::ReplayOptions small() { return testutil::small_cpu_replay(); }
 
 // gpt-oss layout (layer 0 sliding with window 127, layer 1 full, sinks), fp8 KV, verify of
 // 3 tokens, prefix cache and a pool tight enough to preempt.

@@ -15,25 +15,13 @@
 #include "check/check.h"
 #include "replay/kv_pool.h"
 #include "replay/replay.h"
+#include "small_replay.h"
 
 namespace pt = pagedmha::tools;
 
 namespace {
 
-pt::ReplayOptions small() {
-  pt::ReplayOptions o;
-  o.device = "cpu";
-  o.requests = 4;
-  o.model = "custom";
-  o.overrides.layers = 2, o.overrides.q_heads = 8, o.overrides.kv_heads = 2, o.overrides.head_dim = 64;
-  o.pages = 512;
-  o.token_budget = 1024;
-  o.max_running = 4;
-  o.check_every = 1;
-  o.check_rows = 3;
-  o.progress = false;
-  return o;
-}
+pt::ReplayOptions small() { return testutil::small_cpu_replay(); }
 
 }  // namespace
 

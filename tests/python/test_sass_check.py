@@ -1,0 +1,86 @@
+"""Tests of scripts/sass_check.py (the SASS gate of the Hopper kernels) on hand-written
+cuobjdump listings, through a stand-in cuobjdump: no GPU, no CUDA toolkit."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "sass_check.py"
+
+spec = importlib.util.spec_from_file_location("sass_check", SCRIPT)
+SC = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(SC)
+
+KERNEL = "_ZN8pagedmha4cuda4sm9014prefill_kernelINS1_13PrefillPolicyILi64ELb0ELb1EEE13__nv_bfloat16S5_EEvNS1_10Sm90ParamsE"
+
+
+def listing(body):
+    """A cuobjdump --dump-sass listing of KERNEL with the given instruction lines."""
+    lines = [f"        /*{16 * i:04x}*/                   {ins} ;" for i, ins in enumerate(body)]
+    return "\n\tcode for sm_90a\n\t\tFunction : " + KERNEL + "\n" + "\n".join(lines) + "\n"
+
+
+def run(tmp_path, body):
+    sass = tmp_path / "listing.sass"
+    sass.write_text(listing(body))
+    fake = tmp_path / "cuobjdump"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.write(open({str(sass)!r}).read())\n")
+    fake.chmod(0o755)
+    obj = tmp_path / "kernel.o"
+    obj.write_bytes(b"")
+    res = subprocess.run([sys.executable, str(SCRIPT), "--cuobjdump", str(fake), str(obj)],
+                         capture_output=True, text=True)
+    return res.returncode, res.stdout
+
+
+PIPELINED = [
+    "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xa0",
+    "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ, !UPT",
+    "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], R24",
+    "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], R24, gsb0",
+    "FMUL R30, R24, R25",
+    "USETMAXREG.DEALLOC.CTAPOOL 0x18",
+    "IADD3 R2, R3, R4, RZ",
+    "EXIT",
+]
+
+
+def test_pipelined_kernel_passes(tmp_path):
+    rc, out = run(tmp_path, PIPELINED)
+    assert rc == 0, out
+    assert "1 of 1 kernels ok" in out
+    # 3 HGMMA, one of them waiting; consumer registers up to R30, producer up to R4.
+    row = next(l for l in out.splitlines() if l.rstrip().endswith("ok") and "sass_check" not in l)
+    assert row.split()[-8:-1] == ["3", "1", "0", "0", "31", "5", "8"]
+
+
+def test_serialized_wgmma_fails(tmp_path):
+    # ptxas serializing the pipeline: every HGMMA waits for itself.
+    body = [l if "HGMMA" not in l or "gsb0" in l else l + ", gsb0" for l in PIPELINED]
+    rc, out = run(tmp_path, body)
+    assert rc == 1, out
+    assert "FAIL" in out and "0 of 1 kernels ok" in out
+
+
+def test_local_memory_fails_by_role(tmp_path):
+    body = PIPELINED[:4] + ["STL [R1], R7"] + PIPELINED[4:]
+    rc, out = run(tmp_path, body)
+    assert rc == 1 and "FAIL" in out
+    a = SC.analyse([f"/*0000*/ {l} ;" for l in body])
+    assert (a["stl_ldl_consumer"], a["stl_ldl_producer"]) == (1, 0)
+    b = SC.analyse([f"/*0000*/ {l} ;" for l in PIPELINED[:6] + ["LDL R2, [R1]"] + PIPELINED[6:]])
+    assert (b["stl_ldl_consumer"], b["stl_ldl_producer"]) == (0, 1)
+
+
+def test_no_hgmma_fails(tmp_path):
+    rc, out = run(tmp_path, [l for l in PIPELINED if "HGMMA" not in l])
+    assert rc == 1 and "FAIL" in out
+
+
+def test_short_names_read_the_policy():
+    assert SC.short("void pagedmha::cuda::sm90::prefill_kernel<pagedmha::cuda::sm90::PrefillPolicy<64, false, true>, "
+                    "__nv_bfloat16, __nv_bfloat16>(pagedmha::cuda::sm90::Sm90Params)") == "prefill D=64 bf16/bf16 tma"
+    assert SC.short("void pagedmha::cuda::sm90::prefill_kernel<pagedmha::cuda::sm90::PrefillPolicy<128, true, false>, "
+                    "__half, __nv_fp8_e4m3>(pagedmha::cuda::sm90::Sm90Params)") == "prefill D=128 fp16/fp8 gather"
