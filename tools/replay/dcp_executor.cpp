@@ -11,6 +11,7 @@
 #include "pagedmha/ops.h"
 #include "replay/datagen.h"
 #include "replay/graph.h"
+#include "replay/kv_pool.h"
 #include "replay/ranked_executor.h"
 #include "replay/timer.h"
 
@@ -203,10 +204,10 @@ class DcpRankExecutor final : public AttentionExecutor {
   TensorView decode_ws() const { return decode_ws_.data() ? decode_ws_.bytes_view() : TensorView{}; }
   TensorView prefill_ws() const { return prefill_ws_.data() ? prefill_ws_.bytes_view() : TensorView{}; }
 
-  // This rank's id of a page of group g (its own pool's, page 0 included).
+  // This rank's id of a page of group g (its own pool's, page 0 included): the scheduler's
+  // pool deals a sharded group's ids to the ranks (PagePool with owners).
   int32_t local_id(int g, int32_t page) const {
-    if (page == 0 || !sharded(g)) return page;
-    return static_cast<int32_t>(page - int64_t{rank_} * (cfg_.num_pages - 1));
+    return sharded(g) ? owner_local_page(page, cfg_.num_pages - 1) : page;
   }
 
   // Write slots, tables and lengths of group g for this step, uploaded to the device.

@@ -10,6 +10,14 @@
 
 namespace pagedmha::tools {
 
+/// Page ids dealt to several owners (ranks), `owner_pages` usable pages each: owner o holds
+/// [1 + o * owner_pages, 1 + (o + 1) * owner_pages), and on its rank, whose own pool has
+/// page 0 as well, page `page` is page - o * owner_pages. Page 0 is every rank's dummy.
+inline int page_owner(int32_t page, int64_t owner_pages) { return static_cast<int>((page - 1) / owner_pages); }
+inline int32_t owner_local_page(int32_t page, int64_t owner_pages) {
+  return page == 0 ? 0 : static_cast<int32_t>(page - int64_t{page_owner(page, owner_pages)} * owner_pages);
+}
+
 /// Refcounted pages of one cache group. Page 0 is the reserved dummy page: never
 /// handed out, never freed. Pages are shared by reference (prefix cache, requests);
 /// a page returns to the free list when its last reference is released.
@@ -32,11 +40,9 @@ class PagePool {
   int64_t owner_capacity() const { return per_owner_; }
   int64_t free_pages(int owner) const { return static_cast<int64_t>(free_.at(owner).size()); }
   int64_t used_pages(int owner) const { return per_owner_ - free_pages(owner); }
-  /// The owner (rank) of page `page` >= 1, and its id in that rank's own pool.
-  int owner_of(int32_t page) const { return static_cast<int>((page - 1) / per_owner_); }
-  int32_t local_id(int32_t page) const {
-    return page == 0 ? 0 : static_cast<int32_t>(page - int64_t{owner_of(page)} * per_owner_);
-  }
+  /// The owner (rank) of page `page` >= 1, and its id in that rank's own pool (page_owner).
+  int owner_of(int32_t page) const { return page_owner(page, per_owner_); }
+  int32_t local_id(int32_t page) const { return owner_local_page(page, per_owner_); }
   /// Used pages that only the prefix cache holds (no request references them).
   int64_t cache_only_pages() const { return cache_only_; }
   /// Used pages a request references (used_pages() - cache_only_pages()).
