@@ -140,15 +140,9 @@ bool Scheduler::ensure_pages(int r, int kv_len) {
     while (static_cast<int64_t>(pages.size()) < need) {
       const int owner = static_cast<int>(pages.size() % owners);
       int32_t page = pools_[g].allocate(owner);
-      if (page == 0 && cache_) {
-        if (owners == 1) {
-          cache_->evict(static_cast<int>(g), need - static_cast<int64_t>(pages.size()));
-          page = pools_[g].allocate();
-        } else {
-          // A block's pages lie on every rank: evict until this owner has one.
-          while (page == 0 && cache_->evict(static_cast<int>(g), 1) > 0) page = pools_[g].allocate(owner);
-        }
-      }
+      // Least recently used blocks go one at a time until this owner has a free page (a
+      // block's pages may lie on every rank).
+      while (page == 0 && cache_ && cache_->evict(static_cast<int>(g), 1) > 0) page = pools_[g].allocate(owner);
       if (page == 0) return false;
       pages.push_back(page);
     }
