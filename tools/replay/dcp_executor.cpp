@@ -27,6 +27,17 @@ struct GroupStep {
   std::vector<int32_t> lens;   // [rows]
   int rows = 0, cols = 1;
   Buffer slots_dev, table_dev, lens_dev;
+
+  // After the host arrays are filled: rows, and the device copies.
+  void upload(Device dev, Stream stream) {
+    rows = static_cast<int>(lens.size());
+    copy_bytes(slots_dev.data(), dev, slots.data(), Device::cpu(), slots.size() * 4, stream);
+    copy_bytes(table_dev.data(), dev, table.data(), Device::cpu(), table.size() * 4, stream);
+    copy_bytes(lens_dev.data(), dev, lens.data(), Device::cpu(), lens.size() * 4, stream);
+  }
+  TensorView slots_view() const { return slots_dev.view({static_cast<int64_t>(slots.size())}, DType::int32); }
+  TensorView table_view() const { return table_dev.view({rows, cols}, DType::int32); }
+  TensorView lens_view() const { return lens_dev.view({rows}, DType::int32); }
 };
 
 class DcpRankExecutor final : public AttentionExecutor {
@@ -38,7 +49,7 @@ class DcpRankExecutor final : public AttentionExecutor {
     const ModelSpec& m = cfg_.model;
     const int Hq = m.num_q_heads, Hkv = m.num_kv_heads, D = m.head_dim, P = cfg_.page_size;
     const int64_t T = cfg_.max_tokens, rows = cfg_.max_rows;
-    max_cols_ = static_cast<int>(ceil_div(std::max(cfg_.context_len, cfg_.spec_tokens), P));
+    const int max_cols = static_cast<int>(ceil_div(std::max(cfg_.context_len, cfg_.spec_tokens), P));
     // The page after the pool takes the writes of positions other ranks hold.
     junk_slot_ = static_cast<int32_t>(cfg_.num_pages * P);
     for (int l = 0; l < m.num_layers; ++l) {
@@ -65,7 +76,7 @@ class DcpRankExecutor final : public AttentionExecutor {
     for (size_t g = 0; g < m.groups.size(); ++g) {
       GroupStep& gs = groups_.emplace_back();
       gs.slots_dev = Buffer::empty({T}, DType::int32, dev_);
-      gs.table_dev = Buffer::empty({table_rows, max_cols_}, DType::int32, dev_);
+      gs.table_dev = Buffer::empty({table_rows, max_cols}, DType::int32, dev_);
       gs.lens_dev = Buffer::empty({table_rows}, DType::int32, dev_);
     }
     cu_dev_ = Buffer::empty({rows + 1}, DType::int32, dev_);
@@ -110,7 +121,8 @@ class DcpRankExecutor final : public AttentionExecutor {
     captured->assign(capture.size(), {});
     for (size_t g = 0; g < groups_.size(); ++g) prepare_group(plan, states, static_cast<int>(g), extend);
     int max_q = 1;
-    std::vector<int32_t> cu(bs + 1, 0);
+    std::vector<int32_t>& cu = cu_host_;
+    cu.assign(bs + 1, 0);
     for (int i = 0; i < bs; ++i) {
       cu[i + 1] = cu[i] + plan.rows[i].q_len;
       max_q = std::max(max_q, plan.rows[i].q_len);
@@ -142,9 +154,7 @@ class DcpRankExecutor final : public AttentionExecutor {
       const int g = m.layer_group[l];
       const GroupStep& gs = groups_[g];
       const TensorView kc = cache_view(k_cache_[l]), vc = cache_view(v_cache_[l]);
-      const TensorView slots = gs.slots_dev.view({T}, DType::int32);
-      const TensorView table = gs.table_dev.view({gs.rows, gs.cols}, DType::int32);
-      const TensorView lens = gs.lens_dev.view({gs.rows}, DType::int32);
+      const TensorView slots = gs.slots_view(), table = gs.table_view(), lens = gs.lens_view();
       const TensorView sinks = m.sinks ? sinks_[l].view({Hq}, DType::fp32) : TensorView{};
       AttentionParams prm;
       prm.bmm1_scale = cfg_.k_scale / std::sqrt(static_cast<float>(D));
@@ -157,7 +167,6 @@ class DcpRankExecutor final : public AttentionExecutor {
         prm.sinks = sinks;
         if (extend) batch_prefill(q, kc, vc, table, lens, cu_view, P, max_q, out, prm, {}, prefill_ws(), stream_);
         else batch_decode(q, kc, vc, table, lens, P, plan.decode_q_len, out, prm, {}, decode_ws(), stream_);
-        timer_.stop();
       } else {
         if (!extend) {
           // One row per query over this rank's keys up to the query (lens from prepare_group).
@@ -170,16 +179,16 @@ class DcpRankExecutor final : public AttentionExecutor {
           if (rank_ == 0) {
             // The new tokens among themselves (causal), merged into part 1 in place.
             const TensorView sk = scratch_view(scratch_k_), sv = scratch_view(scratch_v_);
-            append_kv(k, v, sk, sv, scratch_.slots_dev.view({T}, DType::int32), P, cfg_.k_scale, cfg_.v_scale,
-                      stream_);
-            batch_prefill(q, sk, sv, scratch_.table_dev.view({bs, scratch_cols_}, DType::int32),
-                          scratch_.lens_dev.view({bs}, DType::int32), cu_view, P, max_q,
+            append_kv(k, v, sk, sv, scratch_.slots_view(), P, cfg_.k_scale, cfg_.v_scale, stream_);
+            batch_prefill(q, sk, sv, scratch_.table_view(), scratch_.lens_view(), cu_view, P, max_q,
                           TensorView(parts.data, cfg_.q_dtype, dev_, {T, Hq, D}), prm,
                           TensorView(parts_lse.data, DType::fp32, dev_, {T, Hq}), prefill_ws(), stream_);
             merge_attention_states(parts, parts_lse, send, send_lse, {}, stream_);  // in place into part 1
           }
         }
-        timer_.stop();
+      }
+      timer_.stop();
+      if (sharded(g)) {
         combine_timer_.start();
         collective_.all_gather(rank_, {{send, gathered}, {send_lse, gathered_lse}}, stream_);
         merge_attention_states(gathered, gathered_lse, out, {}, sinks, stream_);
@@ -255,10 +264,7 @@ class DcpRankExecutor final : public AttentionExecutor {
         gs.lens.push_back(split ? static_cast<int32_t>(layout_.local_len(rank_, row.prefix_len)) : row.seq_len);
       }
     }
-    gs.rows = static_cast<int>(gs.lens.size());
-    copy_bytes(gs.slots_dev.data(), dev_, gs.slots.data(), Device::cpu(), gs.slots.size() * 4, stream_);
-    copy_bytes(gs.table_dev.data(), dev_, gs.table.data(), Device::cpu(), gs.table.size() * 4, stream_);
-    copy_bytes(gs.lens_dev.data(), dev_, gs.lens.data(), Device::cpu(), gs.lens.size() * 4, stream_);
+    gs.upload(dev_, stream_);
   }
 
   // Rank 0, extend steps: row i's new tokens at scratch positions [0, q_len) from a fresh page.
@@ -276,10 +282,7 @@ class DcpRankExecutor final : public AttentionExecutor {
       s.lens.push_back(row.q_len);
       next = static_cast<int32_t>(first + pages);
     }
-    s.rows = static_cast<int>(s.lens.size());
-    copy_bytes(s.slots_dev.data(), dev_, s.slots.data(), Device::cpu(), s.slots.size() * 4, stream_);
-    copy_bytes(s.table_dev.data(), dev_, s.table.data(), Device::cpu(), s.table.size() * 4, stream_);
-    copy_bytes(s.lens_dev.data(), dev_, s.lens.data(), Device::cpu(), s.lens.size() * 4, stream_);
+    s.upload(dev_, stream_);
   }
 
   void generate(const TensorView& t, const std::vector<TokenRef>& tokens, int layer, TokenTensor which) {
@@ -296,13 +299,14 @@ class DcpRankExecutor final : public AttentionExecutor {
   CudaStream owned_stream_;
   Stream stream_;
   IntervalTimer timer_, combine_timer_;
-  int max_cols_ = 1, scratch_cols_ = 1;
+  int scratch_cols_ = 1;
   int32_t junk_slot_ = 0;
   std::vector<Buffer> k_cache_, v_cache_, sinks_;
   Buffer q_, k_, v_, out_, parts_, parts_lse_, gathered_, gathered_lse_, tokens_dev_, cu_dev_;
   Buffer scratch_k_, scratch_v_, decode_ws_, prefill_ws_;
   std::vector<GroupStep> groups_;
   GroupStep scratch_;
+  std::vector<int32_t> cu_host_;
   StepHostTimes times_;
   double attention_s_ = 0.0;
 };
