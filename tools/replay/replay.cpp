@@ -138,6 +138,13 @@ std::string fmt(const char* f, double v) {
   return b;
 }
 
+// Bytes one row moves in one layer: K and V of `keys` keys over kv_heads heads, Q and O of
+// q_len queries over q_heads heads (element sizes kv_bytes, q_bytes).
+double row_layer_bytes(int64_t keys, int64_t q_len, int kv_heads, int q_heads, int head_dim, double kv_bytes,
+                       double q_bytes) {
+  return double(keys) * kv_heads * head_dim * 2.0 * kv_bytes + double(q_len) * q_heads * head_dim * 2.0 * q_bytes;
+}
+
 // Each rank's share of a step's bytes: K/V of the keys it holds and reads + Q + O, every
 // layer. TP: its KV and query heads. DCP: all heads; in full-attention layers the keys of
 // its pages (DcpLayout), in sliding-window layers (held whole) every visible key.
@@ -155,8 +162,7 @@ void add_rank_bytes(ReplayResult& res, const StepPlan& plan, double kv_bytes, do
         const int w = m.window_left(l);
         const int64_t keys = res.ranks.mode == RankMode::dcp && w < 0 ? layout.local_len(r, row.seq_len)
                                                                       : keys_read(row.seq_len, row.q_len, w);
-        bytes += double(keys) * s.kv_heads * m.head_dim * 2.0 * kv_bytes +
-                 double(row.q_len) * s.q_heads * m.head_dim * 2.0 * q_bytes;
+        bytes += row_layer_bytes(keys, row.q_len, s.kv_heads, s.q_heads, m.head_dim, kv_bytes, q_bytes);
       }
     res.rank_bytes[r] += bytes;
   }
@@ -436,8 +442,8 @@ ReplayResult run_replay(const ReplayOptions& given) {
       rec.kv_tokens += r.seq_len;
       for (int l = 0; l < m.num_layers; ++l) {
         const int w = m.window_left(l);
-        rec.bytes += double(keys_read(r.seq_len, r.q_len, w)) * m.num_kv_heads * m.head_dim * 2.0 * kv_bytes +
-                     double(r.q_len) * m.num_q_heads * m.head_dim * 2.0 * q_bytes;
+        rec.bytes += row_layer_bytes(keys_read(r.seq_len, r.q_len, w), r.q_len, m.num_kv_heads, m.num_q_heads,
+                                     m.head_dim, kv_bytes, q_bytes);
         rec.flops += 4.0 * m.num_q_heads * m.head_dim * double(visible_pairs(r.seq_len, r.q_len, w));
       }
     }
