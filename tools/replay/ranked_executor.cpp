@@ -180,7 +180,7 @@ class TpRank final : public AttentionExecutor {
 
 class RankedExecutor final : public AttentionExecutor {
  public:
-  RankedExecutor(const ExecutorConfig& base, const RankSetup& setup) : setup_(setup), device_(base.device) {
+  RankedExecutor(const ExecutorConfig& base, const RankSetup& setup) : setup_(setup) {
     const int n = setup.ranks;
     if (base.device.is_cuda()) {
       check_rank_devices(n);
@@ -246,14 +246,18 @@ class RankedExecutor final : public AttentionExecutor {
       host[r] = ranks_[r]->take_host_times();
     });
     captured->clear();
+    // The host work of a step is done by every rank at once: the slowest rank's counts.
+    StepHostTimes slowest_host;
     for (int r = 0; r < n; ++r) {
       rows[r].resize(capture.size());
       for (std::vector<float>& row : rows[r]) captured->push_back(std::move(row));
-      // The host work of a step is done by every rank at once: the slowest rank's counts.
-      host_.metadata_s = std::max(host_.metadata_s, host[r].metadata_s);
-      host_.prepare_s = std::max(host_.prepare_s, host[r].prepare_s);
-      host_.capture_s = std::max(host_.capture_s, host[r].capture_s);
+      slowest_host.metadata_s = std::max(slowest_host.metadata_s, host[r].metadata_s);
+      slowest_host.prepare_s = std::max(slowest_host.prepare_s, host[r].prepare_s);
+      slowest_host.capture_s = std::max(slowest_host.capture_s, host[r].capture_s);
     }
+    host_.metadata_s += slowest_host.metadata_s;
+    host_.prepare_s += slowest_host.prepare_s;
+    host_.capture_s += slowest_host.capture_s;
     double slowest = 0.0;
     for (const RankTimes& t : times) slowest = std::max(slowest, t.attention_s);
     times_ = std::move(times);
@@ -262,7 +266,6 @@ class RankedExecutor final : public AttentionExecutor {
 
  private:
   RankSetup setup_;
-  Device device_;
   std::unique_ptr<Collective> collective_;
   std::unique_ptr<RankThreads> threads_;
   std::vector<std::unique_ptr<AttentionExecutor>> ranks_;
