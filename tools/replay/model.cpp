@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "pagedmha/error.h"
+#include "replay/ranks.h"
 
 namespace pagedmha::tools {
 namespace {
@@ -69,13 +70,11 @@ ModelSpec make_model(const std::string& preset, const ModelOverrides& o) {
   require(m.head_dim == 64 || m.head_dim == 128 || m.head_dim == 256, "--head-dim",
           "64, 128 or 256", m.head_dim);
   require(window >= -1, "--window", "window_left >= 0, or -1 for none", window);
-  require(o.tp >= 1 && m.num_q_heads % o.tp == 0, "--tp",
-          ">= 1 and dividing the query heads (" + std::to_string(m.num_q_heads) + ")", o.tp);
+  // One rank's heads, by the rules of the multi-rank replay's shards (errors name --tp).
+  const TpShard rank0 = tp_shard(m.num_q_heads, m.num_kv_heads, o.tp, 0);
   if (o.tp > 1) {
-    require(m.num_kv_heads % o.tp == 0 || o.tp % m.num_kv_heads == 0, "--tp",
-            "a divisor or multiple of the KV heads (" + std::to_string(m.num_kv_heads) + ")", o.tp);
-    m.num_q_heads /= o.tp;
-    m.num_kv_heads = m.num_kv_heads >= o.tp ? m.num_kv_heads / o.tp : 1;
+    m.num_q_heads = rank0.q_heads;
+    m.num_kv_heads = rank0.kv_heads;
     m.name += "-tp" + std::to_string(o.tp);
   }
   m.groups = {{"full_attention", -1}};

@@ -32,7 +32,8 @@ struct TpShard {
 };
 
 /// Throws Error naming --tp when tp does not divide num_q_heads, or is neither a divisor
-/// nor a multiple of num_kv_heads (the rules of make_model), or rank is outside [0, tp).
+/// nor a multiple of num_kv_heads, or rank is outside [0, tp). make_model's --tp takes
+/// rank 0's heads from here.
 TpShard tp_shard(int num_q_heads, int num_kv_heads, int tp, int rank);
 
 /// Decode context parallelism: position p of a request lives on rank (p / page_size) %

@@ -290,10 +290,7 @@ ReplayResult run_replay(const ReplayOptions& given) {
   const int nranks = res.ranks.ranks;
   const bool multi = res.ranks.mode != RankMode::single, dcp = res.ranks.mode == RankMode::dcp;
   ModelOverrides ov = o.overrides;
-  if (multi) {
-    make_model(o.model, ov);  // --tp's rules against the heads
-    ov.tp = 1;                // the ranks split the whole model
-  }
+  if (multi) ov.tp = 1;  // the ranks split the whole model (tp_shard below names a bad --tp)
   res.model = make_model(o.model, ov);
   const ModelSpec& m = res.model;
   for (int r = 0; multi && r < nranks; ++r)
