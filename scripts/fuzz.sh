@@ -17,7 +17,7 @@ cxx=${FUZZ_CXX:-clang++}
 for f in src/core/error.cpp src/core/tensor.cpp src/core/numeric.cpp; do
   g++ -std=c++20 -O1 -g -Iinclude -Isrc -c "$f" -o "$out/$(basename "$f" .cpp).o"
 done
-sources=(tools/replay/trace.cpp tools/replay/scheduler.cpp tools/replay/kv_pool.cpp tools/replay/model.cpp
+sources=(tools/replay/trace.cpp tools/replay/scheduler.cpp tools/replay/kv_pool.cpp tools/replay/model.cpp tools/replay/ranks.cpp
          tools/replay/token_data.cpp)
 names=(azure_reader mooncake_reader reader_scheduler)
 for i in 1 2 3; do
