@@ -20,6 +20,7 @@ MODELS = {
     "llama3-70b": {"hq": 64, "hkv": 8, "d": 128},
     "gpt-oss": {"hq": 64, "hkv": 8, "d": 64},
     "gpt-oss-tp8": {"hq": 8, "hkv": 1, "d": 64},  # one tensor-parallel rank of 8
+    "llama3-70b-tp8": {"hq": 8, "hkv": 1, "d": 128},  # one tensor-parallel rank of 8
     "qwen2.5-7b": {"hq": 28, "hkv": 4, "d": 128},
     "gemma": {"hq": 16, "hkv": 8, "d": 256},
 }
