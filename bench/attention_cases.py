@@ -57,8 +57,7 @@ class Case:
 
     @property
     def name(self) -> str:
-        def k(x):
-            return f"{x // 1024}k" if x >= 1024 and x % 1024 == 0 else str(x)
+        k = M.len_label
         s = f"{self.op} {self.model} {self.batch}x{k(self.ctx)} q{k(self.q_len)} p{self.page_size} {self.kv_dtype}"
         return s + (f" w{self.window_left}" if self.window_left >= 0 else "")
 

@@ -40,6 +40,11 @@ def elem_bytes(dtype: str) -> int:
         raise ValueError(f"elem_bytes: dtype: expected one of {sorted(_ELEM_BYTES)}, got {dtype!r}")
 
 
+def len_label(x) -> str:
+    """A length as case names write it: 4096 -> "4k" (whole multiples of 1024), else as is."""
+    return f"{x // 1024}k" if isinstance(x, int) and x >= 1024 and x % 1024 == 0 else str(x)
+
+
 def _sum_range(lo: int, hi: int) -> int:
     """Sum of the integers in [lo, hi] (0 when empty)."""
     if hi < lo:

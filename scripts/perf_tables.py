@@ -109,8 +109,7 @@ def _ratio(v: Optional[float]) -> str:
     return f"{v:.2f}x" if v else "-"
 
 
-def _len(x) -> str:
-    return f"{x // 1024}k" if isinstance(x, int) and x >= 1024 and x % 1024 == 0 else str(x)
+_len = M.len_label
 
 
 def _cell(text: str) -> str:
