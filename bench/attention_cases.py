@@ -85,15 +85,22 @@ class Case:
 
 K32, K16, K8, K4, K2 = 32768, 16384, 8192, 4096, 2048
 DECODE_BXC = [(1, K32), (16, K8), (64, K4), (256, K2), (128, K32)]
+FP8_BXC = [(1, K32), (64, K4), (128, K32)]  # fp8 KV against bf16 KV
+WINDOW_BXC = [(64, K32), (128, K32)]  # window 127
+TP8_BXC = [(1, K32), (32, K2), (256, K2), (64, K8)]  # one TP-8 rank (issue 13)
+
+
+def decode_pages(model: str, shapes) -> List[Case]:
+    """bf16 q_len 1 decode at page 16 (with the peers) and page 64 (ours only: the peers
+    read a dense cache, page_size changes nothing for them) for each (batch, ctx)."""
+    return [Case("decode", model, b, c, 1, p, peers=p == 16) for b, c in shapes for p in (16, 64)]
 
 
 def full_plan() -> List[Case]:
     cases: List[Case] = []
     for model in ("llama3-8b", "gpt-oss"):
-        for b, c in DECODE_BXC:  # every batch x ctx: bf16, page 16 and 64, q_len 1
-            cases.append(Case("decode", model, b, c, 1, 16))
-            cases.append(Case("decode", model, b, c, 1, 64, peers=False))
-        for b, c in [(1, K32), (64, K4), (128, K32)]:  # fp8 KV
+        cases += decode_pages(model, DECODE_BXC)
+        for b, c in FP8_BXC:
             cases.append(Case("decode", model, b, c, 1, 16, "fp8_e4m3"))
         cases.append(Case("decode", model, 128, K32, 1, 64, "fp8_e4m3", peers=False))
         for b, c in [(16, K8), (64, K4), (128, K32)]:  # speculative verify
@@ -101,13 +108,32 @@ def full_plan() -> List[Case]:
         cases.append(Case("decode", model, 64, K4, 4, 64, peers=False))
         # Sliding window 127 at 32k, against the same shape without a window.
         cases.append(Case("decode", model, 64, K32, 1, 16))
-        cases.append(Case("decode", model, 64, K32, 1, 16, window_left=127))
-        cases.append(Case("decode", model, 128, K32, 1, 16, window_left=127))
+        for b, c in WINDOW_BXC:
+            cases.append(Case("decode", model, b, c, 1, 16, window_left=127))
         for s in (1024, K4, K16):  # prefill: B*S = 16k, causal
             cases.append(Case("prefill", model, K16 // s, s, s, 16))
         cases.append(Case("prefill", model, 4, K4, K4, 64, peers=False))
         cases.append(Case("prefill", model, 8, K8, K2, 16))  # chunked: 2k new over 6k cached
     return cases
+
+
+def decode_plan() -> List[Case]:
+    """Issue 13's decode rows (all q_len 1 unless said): for llama3-8b and gpt-oss every
+    standard batch x ctx in bf16 at page 16 and 64; verify (q_len 4) at 64x4k against
+    q_len 1; fp8 KV against bf16 KV at 1x32k, 64x4k, 128x32k; window 127 at 64x32k and
+    128x32k; page 1 against page 16 at llama3-8b 128x8k; one TP-8 rank of llama3-70b at
+    1x32k, 32x2k, 256x2k and 64x8k, page 16 and 64."""
+    cases: List[Case] = []
+    for model in ("llama3-8b", "gpt-oss"):
+        cases += decode_pages(model, DECODE_BXC)  # holds q_len 1 at 64x4k p16 for verify
+        cases.append(Case("decode", model, 64, K4, 4, 16))
+        for b, c in FP8_BXC:  # the peers record that SDPA takes no fp8 KV
+            cases.append(Case("decode", model, b, c, 1, 16, "fp8_e4m3"))
+        for b, c in WINDOW_BXC:
+            cases.append(Case("decode", model, b, c, 1, 16, window_left=127))
+    cases.append(Case("decode", "llama3-8b", 128, K8, 1, 16))
+    cases.append(Case("decode", "llama3-8b", 128, K8, 1, 1, peers=False))
+    return cases + decode_pages("llama3-70b-tp8", TP8_BXC)
 
 
 def quick_plan() -> List[Case]:

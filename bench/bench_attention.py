@@ -8,10 +8,11 @@ graph, inputs rotated among copies so L2 does not hold them), median of replays.
 is first checked against an fp32 reference (relative L2 < 2e-2, recorded). The device
 ceilings (copy, read stream, bf16 GEMM) are measured in the same run.
 
-Writes bench/results/<gpu>-attention-<yyyymmdd>.json (PERFORMANCE.md schema) and a copy
+Writes bench/results/<gpu>-attention[-<plan>]-<yyyymmdd>.json (PERFORMANCE.md schema) and a copy
 under $OUT when set; prints a table with the ratios to torch-cudnn and the targets last.
 
-  python3 bench/bench_attention.py --module-path build/cuda/python [--quick]
+  python3 bench/bench_attention.py --module-path build/cuda/python \
+      [--quick | --decode | --prefill | --replay-shapes]
   PAGEDMHA_BUILD_DIR=build/cuda python3 bench/bench_attention.py --filter 'decode llama'
   PYTHONPATH=build/cuda/python python3 bench/bench_attention.py --skip-ours   # peers only
 
@@ -38,10 +39,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import metrics as M  # noqa: E402  (stdlib only)
 # The torch-free parts: cases, plans, masks, logging (the tests use them without torch).
-from attention_cases import (Case, err_text, full_plan, log, log_traceback,  # noqa: E402,F401
-                             peer_mask_mode, prefill_plan, quick_plan, replay_plan)
+from attention_cases import (Case, decode_plan, err_text, full_plan, log,  # noqa: E402,F401
+                             log_traceback, peer_mask_mode, prefill_plan, quick_plan, replay_plan)
 
 torch = None  # imported in main() so --help and the helpers work without it
+
+# The plan flags (at most one; none: full_plan): option dest -> (plan, file-name suffix).
+PLANS = {"quick": (quick_plan, "-quick"), "prefill": (prefill_plan, "-prefill"),
+         "replay_shapes": (replay_plan, "-replay-shapes"), "decode": (decode_plan, "-decode")}
 
 
 # --- Output ----------------------------------------------------------------------------
@@ -96,11 +101,15 @@ def summary_table(records: List[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a handful of shapes (< 60 s)")
-    ap.add_argument("--prefill", action="store_true",
-                    help="the prefill rows (pages 1 / 16 / 64, fp8, gemma, chunked; *-attention-prefill-*)")
-    ap.add_argument("--replay-shapes", action="store_true",
-                    help="the shapes that dominate the trace replays (written as *-attention-replay-shapes-*)")
+    plan = ap.add_mutually_exclusive_group()
+    plan.add_argument("--quick", action="store_true", help="a handful of shapes (< 60 s)")
+    plan.add_argument("--prefill", action="store_true",
+                      help="the prefill rows (pages 1 / 16 / 64, fp8, gemma, chunked; *-attention-prefill-*)")
+    plan.add_argument("--replay-shapes", action="store_true",
+                      help="the shapes that dominate the trace replays (written as *-attention-replay-shapes-*)")
+    plan.add_argument("--decode", action="store_true",
+                      help="issue 13's decode rows: standard shapes at pages 16 / 64, verify, fp8, "
+                           "window 127, page 1, llama3-70b-tp8 (written as *-attention-decode-*)")
     ap.add_argument("--module-path", default=None,
                     help="folder holding the built pagedmha package (<build>/python); default: "
                          "$PAGEDMHA_BUILD_DIR/python when it exists, else PYTHONPATH")
@@ -155,8 +164,8 @@ def main(argv=None) -> int:
     log("ceilings: " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
                                     for k, v in ceilings.items()}))
 
-    cases = (quick_plan() if args.quick else prefill_plan() if args.prefill
-             else replay_plan() if args.replay_shapes else full_plan())
+    make_plan, suffix = next((PLANS[k] for k in PLANS if getattr(args, k)), (full_plan, ""))
+    cases = make_plan()
     if args.filter:
         cases = [c for c in cases if re.search(args.filter, c.name)]
     records = []
@@ -190,9 +199,7 @@ def main(argv=None) -> int:
         "targets": M.evaluate_targets(records),
         "wall_s": round(time.time() - t0, 1),
     }
-    plan = ("-quick" if args.quick else "-prefill" if args.prefill
-            else "-replay-shapes" if args.replay_shapes else "")
-    name = f"{M.gpu_slug(gpu)}-attention{plan}-{now:%Y%m%d}.json"
+    name = f"{M.gpu_slug(gpu)}-attention{suffix}-{now:%Y%m%d}.json"
     text = json.dumps(doc, indent=1)
     dirs = [Path(args.out_dir)]
     if os.environ.get("OUT"):

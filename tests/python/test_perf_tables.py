@@ -543,3 +543,44 @@ def test_prefill_plan_covers_the_issue_rows():
     for p in (1, 64):
         assert ("llama3-8b", 4, 4096, 4096, p, "bf16") in have
     assert ("llama3-8b", 4, 4096, 4096, 16, "fp8_e4m3") in have
+
+
+# --- Issue 13: the decode plan and its targets -------------------------------------------
+
+def test_decode_plan_covers_the_issue_13_rows():
+    plan = BA.decode_plan()
+    names = [c.name for c in plan]
+    assert len(names) == len(set(names))
+    assert all(c.op == "decode" for c in plan)
+    have = {(c.model, c.batch, c.ctx, c.q_len, c.page_size, c.kv_dtype, c.window_left, c.peers)
+            for c in plan}
+    std = [(1, 32768), (16, 8192), (64, 4096), (256, 2048), (128, 32768)]
+    for model in ("llama3-8b", "gpt-oss"):
+        for b, c in std:  # peers once per shape, on the page-16 row
+            assert (model, b, c, 1, 16, "bf16", -1, True) in have
+            assert (model, b, c, 1, 64, "bf16", -1, False) in have
+        assert (model, 64, 4096, 4, 16, "bf16", -1, True) in have  # verify
+        for b, c in [(128, 32768), (64, 4096), (1, 32768)]:
+            assert any(h[:7] == (model, b, c, 1, 16, "fp8_e4m3", -1) for h in have)
+        for b, c in [(64, 32768), (128, 32768)]:
+            assert (model, b, c, 1, 16, "bf16", 127, True) in have
+    assert ("llama3-8b", 128, 8192, 1, 1, "bf16", -1, False) in have
+    assert ("llama3-8b", 128, 8192, 1, 16, "bf16", -1, True) in have
+    for b, c in [(1, 32768), (32, 2048), (256, 2048), (64, 8192)]:
+        assert ("llama3-70b-tp8", b, c, 1, 16, "bf16", -1, True) in have
+        assert ("llama3-70b-tp8", b, c, 1, 64, "bf16", -1, False) in have
+    assert len(plan) == 2 * (10 + 1 + 3 + 2) + 2 + 8  # nothing beyond what the targets need
+    tp8 = next(c for c in plan if c.model == "llama3-70b-tp8")
+    assert (tp8.geom, tp8.sinks) == ({"hq": 8, "hkv": 1, "d": 128}, False)
+    # one KV head of llama3-8b's eight, Q and O of 8 of its 32 heads
+    assert tp8.work()["bytes"] == 32768 * 128 * 2 * 2 + 2 * 8 * 128 * 2
+
+
+def test_bench_plan_flags_are_exclusive_and_need_no_torch():
+    assert BA.PLANS["decode"][0] is BA.decode_plan
+    assert BA.PLANS["decode"][1] == "-decode"
+    for pair in (["--quick", "--decode"], ["--decode", "--prefill"], ["--replay-shapes", "--decode"]):
+        with pytest.raises(SystemExit) as e:  # argparse refuses before torch is imported
+            BA.main(pair)
+        assert e.value.code == 2
+    assert BA.torch is None
