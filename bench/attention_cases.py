@@ -84,10 +84,8 @@ class Case:
 
 
 K32, K16, K8, K4, K2 = 32768, 16384, 8192, 4096, 2048
-DECODE_BXC = [(1, K32), (16, K8), (64, K4), (256, K2), (128, K32)]
-FP8_BXC = [(1, K32), (64, K4), (128, K32)]  # fp8 KV against bf16 KV
-WINDOW_BXC = [(64, K32), (128, K32)]  # window 127
-TP8_BXC = [(1, K32), (32, K2), (256, K2), (64, K8)]  # one TP-8 rank (issue 13)
+# (batch, ctx) lists shared with the targets (metrics.py).
+DECODE_BXC, FP8_BXC, WINDOW_BXC, TP8_BXC = M.DECODE_BXC, M.FP8_BXC, M.WINDOW_BXC, M.TP8_BXC
 
 
 def decode_pages(model: str, shapes) -> List[Case]:

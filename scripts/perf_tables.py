@@ -147,7 +147,7 @@ def targets_section(records: List[dict]) -> str:
         return "none of the target shapes is in this file.\n"
     for t in targets:
         mark = "no data" if t["met"] is None else ("met" if t["met"] else "**not met**")
-        rows.append([t["name"], _ratio(t["value"]), f">= {t['threshold']:g}x", mark])
+        rows.append([t["name"], _ratio(t["value"]), M.fmt_bound(t), mark])
     return table(["target", "measured", "target", "status"], rows)
 
 

@@ -167,20 +167,22 @@ def test_ratio_pairs_ours_with_the_peer_of_the_same_shape():
 
 def test_evaluate_targets():
     t = {x["name"]: x for x in M.evaluate_targets(synthetic_records())}
-    assert len(t) == 6
-    by = lambda s: next(v for k, v in t.items() if s in k)  # noqa: E731
-    v = by("64x4k p16 bf16: TB/s vs cuDNN")
-    assert v["value"] == pytest.approx(0.96) and v["met"] is True
-    v = by("1x32k")
+    # issue 13: 2 geometries x (5 shapes x 2 pages + verify + 3 fp8 + 2 windows), page 1,
+    # 4 TP-8 shapes; the window speed-up; prefill against cuDNN and flash
+    assert len(t) == 2 * (10 + 1 + 3 + 2) + 1 + 4 + 1 + 2
+    v = t["decode llama3-8b 64x4k p16 bf16: TB/s vs cuDNN"]
+    assert v["value"] == pytest.approx(0.96) and v["threshold"] == 1.02 and v["met"] is False
+    v = t["decode llama3-8b 1x32k p16 bf16: TB/s vs cuDNN"]
     assert v["value"] == pytest.approx(0.95) and v["met"] is False
-    v = by("fp8-KV")
-    assert v["value"] == pytest.approx(4000 / 2200) and v["met"] is True
-    v = by("window 127")
+    v = t["decode llama3-8b 128x32k p16: fp8-KV tokens/s vs bf16-KV"]
+    assert v["value"] == pytest.approx(4000 / 2200) and v["threshold"] == 1.8 and v["met"] is True
+    v = t["decode llama3-8b 64x32k p16 bf16: speed-up of window 127"]
     assert v["value"] == pytest.approx(40.0) and v["met"] is True
-    v = by("prefill llama3-8b causal 4x4k: TFLOP/s vs cuDNN")
+    v = t["prefill llama3-8b causal 4x4k: TFLOP/s vs cuDNN"]
     assert v["value"] == pytest.approx(1.1) and v["met"] is True
-    v = by("vs flash")
+    v = t["prefill llama3-8b causal 4x4k: TFLOP/s vs flash"]
     assert v["value"] == pytest.approx(1.5) and v["met"] is True
+    assert all(x["bound"] == ">=" for k, x in t.items() if "q_len 4" not in k)
 
 
 def test_evaluate_targets_without_data():
@@ -584,3 +586,94 @@ def test_bench_plan_flags_are_exclusive_and_need_no_torch():
             BA.main(pair)
         assert e.value.code == 2
     assert BA.torch is None
+
+
+def issue13_records(page1_us=1200.0):
+    """Hand-made times: each target's value is a ratio of two of them (see the test)."""
+    tp8 = dict(model="llama3-70b-tp8")
+    return [
+        rec("pagedmha", time_us=250.0), rec("torch-cudnn", time_us=240.0),  # 0.96x
+        rec("pagedmha", page=64, model="gpt-oss", batch=16, ctx=8192, time_us=90.0),
+        rec("torch-cudnn", model="gpt-oss", batch=16, ctx=8192, time_us=100.0),  # no p16 row
+        rec("pagedmha", q_len=4, time_us=270.0),  # verify 270 / 250
+        rec("pagedmha", model="gpt-oss", batch=64, ctx=4096, time_us=100.0),
+        rec("pagedmha", model="gpt-oss", batch=64, ctx=4096, q_len=4, time_us=120.0),
+        rec("pagedmha", kv="fp8_e4m3", time_us=200.0),  # 250 / 200 over bf16 64x4k
+        rec("pagedmha", batch=1, ctx=32768, kv="fp8_e4m3", time_us=20.0),  # no bf16 1x32k
+        rec("pagedmha", batch=64, ctx=32768, window=127, time_us=50.0),
+        rec("torch-cudnn", batch=64, ctx=32768, window=127, time_us=45.0),
+        rec("pagedmha", model="gpt-oss", batch=128, ctx=32768, window=127, time_us=30.0),
+        rec("torch-cudnn", model="gpt-oss", batch=128, ctx=32768, window=127, time_us=33.0),
+        rec("torch-cudnn", model="gpt-oss", batch=128, ctx=32768, time_us=3000.0),  # no window
+        rec("pagedmha", batch=128, ctx=8192, time_us=1000.0),
+        rec("pagedmha", batch=128, ctx=8192, page=1, time_us=page1_us),
+        rec("pagedmha", batch=1, ctx=32768, time_us=10.0, **tp8),
+        rec("torch-cudnn", batch=1, ctx=32768, time_us=12.0, **tp8),
+        rec("pagedmha", batch=32, ctx=2048, time_us=10.0, **tp8),
+        rec("torch-cudnn", batch=32, ctx=2048, time_us=10.1, **tp8),
+        rec("pagedmha", batch=256, ctx=2048, time_us=None, error="launch failed", **tp8),
+        rec("torch-cudnn", batch=256, ctx=2048, time_us=50.0, **tp8),
+        rec("pagedmha", batch=64, ctx=8192, page=64, time_us=40.0, **tp8),  # a p64 row only
+        rec("torch-cudnn", batch=64, ctx=8192, time_us=50.0, **tp8),
+    ]
+
+
+def test_issue13_targets_hand_computed():
+    t = {x["name"]: x for x in M.evaluate_targets(issue13_records())}
+
+    def check(name, value, threshold, met, bound=">="):
+        row = t[name]
+        assert row["threshold"] == threshold and row["bound"] == bound, name
+        assert row["met"] is met, name
+        assert (row["value"] is None) if value is None else row["value"] == pytest.approx(value), name
+
+    check("decode llama3-8b 64x4k p16 bf16: TB/s vs cuDNN", 240 / 250, 1.02, False)
+    # page 64 pairs with the page-independent peer record of its shape
+    check("decode gpt-oss 16x8k p64 bf16: TB/s vs cuDNN", 100 / 90, 1.02, True)
+    check("decode gpt-oss 16x8k p16 bf16: TB/s vs cuDNN", None, 1.02, None)
+    check("decode llama3-8b 64x4k p64 bf16: TB/s vs cuDNN", None, 1.02, None)
+    # verify: an upper bound on q_len 4 time / q_len 1 time
+    check("decode llama3-8b 64x4k p16 bf16: q_len 4 time vs q_len 1", 270 / 250, 1.1, True, "<=")
+    check("decode gpt-oss 64x4k p16 bf16: q_len 4 time vs q_len 1", 120 / 100, 1.1, False, "<=")
+    # fp8 tokens/s over bf16 = bf16 time / fp8 time; 1.8 at 128x32k, 1.5 elsewhere
+    check("decode llama3-8b 64x4k p16: fp8-KV tokens/s vs bf16-KV", 250 / 200, 1.5, False)
+    check("decode llama3-8b 1x32k p16: fp8-KV tokens/s vs bf16-KV", None, 1.5, None)
+    check("decode gpt-oss 128x32k p16: fp8-KV tokens/s vs bf16-KV", None, 1.8, None)
+    # window 127 against cuDNN's window record, not the full-context one
+    check("decode llama3-8b 64x32k p16 bf16 w127: TB/s vs cuDNN", 45 / 50, 1.0, False)
+    check("decode gpt-oss 128x32k p16 bf16 w127: TB/s vs cuDNN", 33 / 30, 1.0, True)
+    check("decode llama3-8b 128x32k p16 bf16 w127: TB/s vs cuDNN", None, 1.0, None)
+    # page 1 tokens/s over page 16 = page 16 time / page 1 time
+    check("decode llama3-8b 128x8k bf16: page 1 tokens/s vs page 16", 1000 / 1200, 0.8, True)
+    check("decode llama3-70b-tp8 1x32k p16 bf16: TB/s vs cuDNN", 12 / 10, 1.02, True)
+    check("decode llama3-70b-tp8 32x2k p16 bf16: TB/s vs cuDNN", 10.1 / 10, 1.02, False)
+    check("decode llama3-70b-tp8 256x2k p16 bf16: TB/s vs cuDNN", None, 1.02, None)  # failed run
+    check("decode llama3-70b-tp8 64x8k p16 bf16: TB/s vs cuDNN", None, 1.02, None)  # p64 only
+    t = {x["name"]: x for x in M.evaluate_targets(issue13_records(page1_us=1300.0))}
+    check("decode llama3-8b 128x8k bf16: page 1 tokens/s vs page 16", 1000 / 1300, 0.8, False)
+
+
+def test_target_bounds():
+    assert M.target("a", 1.1, 1.1, "<=")["met"] is True
+    assert M.target("a", 1.1001, 1.1, "<=")["met"] is False
+    assert M.target("a", 0.5, 1.1, "<=")["met"] is True
+    assert M.target("a", 0.5, 1.1)["met"] is False and M.target("a", 1.1, 1.1)["met"] is True
+    assert M.target("a", None, 1.1, "<=")["met"] is None
+    with pytest.raises(ValueError, match="bound.*'<'"):
+        M.target("a", 1.0, 1.0, "<")
+    assert M.fmt_target(M.target("v", 1.2, 1.1, "<=")) == "v: 1.20x (target <= 1.1x) NOT met"
+    assert M.fmt_target(M.target("v", 1.0, 1.02)) == "v: 1.00x (target >= 1.02x) NOT met"
+    assert M.fmt_bound({"threshold": 0.85}) == ">= 0.85x"  # rows written before bounds
+
+
+def test_perf_tables_renders_issue13_targets(tmp_path):
+    write_doc(tmp_path, records=issue13_records())
+    out = tmp_path / "p.md"
+    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| decode llama3-8b 64x4k p16 bf16: q_len 4 time vs q_len 1 | 1.08x | <= 1.1x | met |" in text
+    assert ("| decode gpt-oss 64x4k p16 bf16: q_len 4 time vs q_len 1 | 1.20x | <= 1.1x "
+            "| **not met** |") in text
+    assert "| decode llama3-70b-tp8 1x32k p16 bf16: TB/s vs cuDNN | 1.20x | >= 1.02x | met |" in text
+    assert "| decode llama3-70b-tp8 64x8k p16 bf16: TB/s vs cuDNN | - | >= 1.02x | no data |" in text
+    assert "(target <= 1.1x)" in BA.summary_table(issue13_records())
