@@ -141,14 +141,21 @@ def ceilings_section(c: dict) -> str:
 
 
 def targets_section(records: List[dict]) -> str:
-    rows = []
+    """The targets of the ops (first word of a target's name) that have data in this file;
+    a target of such an op without data stays, as "no data"."""
     targets = M.evaluate_targets(records)
-    if all(t["met"] is None for t in targets):
+    op = lambda t: t["name"].split()[0]  # noqa: E731
+    have = {op(t) for t in targets if t["met"] is not None}
+    if not have:
         return "none of the target shapes is in this file.\n"
+    rows = []
     for t in targets:
-        mark = "no data" if t["met"] is None else ("met" if t["met"] else "**not met**")
-        rows.append([t["name"], _ratio(t["value"]), M.fmt_bound(t), mark])
-    return table(["target", "measured", "target", "status"], rows)
+        if op(t) in have:
+            mark = "no data" if t["met"] is None else ("met" if t["met"] else "**not met**")
+            rows.append([t["name"], _ratio(t["value"]), M.fmt_bound(t), mark])
+    left = sorted({op(t) for t in targets} - have)
+    return table(["target", "measured", "target", "status"], rows) + \
+        (f"\nNo {' or '.join(left)} target shape is in this file.\n" if left else "")
 
 
 def _shape_label(r: dict) -> str:

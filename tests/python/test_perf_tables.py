@@ -676,4 +676,7 @@ def test_perf_tables_renders_issue13_targets(tmp_path):
             "| **not met** |") in text
     assert "| decode llama3-70b-tp8 1x32k p16 bf16: TB/s vs cuDNN | 1.20x | >= 1.02x | met |" in text
     assert "| decode llama3-70b-tp8 64x8k p16 bf16: TB/s vs cuDNN | - | >= 1.02x | no data |" in text
+    # no prefill record: the prefill targets are left out with one line, not as "no data" rows
+    assert "prefill llama3-8b causal 4x4k" not in text
+    assert "No prefill target shape is in this file." in text
     assert "(target <= 1.1x)" in BA.summary_table(issue13_records())
