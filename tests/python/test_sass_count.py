@@ -162,15 +162,17 @@ def test_traits_and_keys_per_tile():
     t = SC.traits("decode_kernel<pagedmha::cuda::AttentionTraits<64, __half, __nv_fp8_e4m3, 1, 1, 32, false> >")
     assert (t["T"], t["KV"], t["KW"], t["BN"]) == ("fp16", "fp8", 32, 128)
     # One warp on the keys: KW 64, or 32 at D = 256 or with two row tiles.
-    assert (SC.traits("AttentionTraits<128, __half, __half, 4, 1, 0, false>")["BN"]) == 64
-    assert (SC.traits("AttentionTraits<256, __half, __half, 4, 1, 0, false>")["BN"]) == 32
-    assert (SC.traits("AttentionTraits<128, __half, __half, 4, 2, 0, false>")["BN"]) == 32
-    assert (SC.traits("AttentionTraits<128, __half, __half, 2>")["KW"], SC.traits("AttentionTraits<128, __half, __half, 2>")["BN"]) == (16, 32)
+    assert SC.traits("AttentionTraits<128, __half, __half, 4, 1, 0, false>")["BN"] == 64
+    assert SC.traits("AttentionTraits<256, __half, __half, 4, 1, 0, false>")["BN"] == 32
+    assert SC.traits("AttentionTraits<128, __half, __half, 4, 2, 0, false>")["BN"] == 32
+    # Two warps on the keys (defaults omitted): 16 keys each.
+    t = SC.traits("AttentionTraits<128, __half, __half, 2>")
+    assert (t["KW"], t["BN"]) == (16, 32)
     assert SC.traits("void other_kernel<64>()") is None
 
 
 def test_per_key_normalisation():
-    body = [f"{l}" for l, _ in PHASED[:-1]] + ["@P1 BRA top"]
+    body = [l for l, _ in PHASED[:-1]] + ["@P1 BRA top"]
     body[0] = "top: " + body[0]
     demangled = ("void pagedmha::cuda::decode_kernel<pagedmha::cuda::AttentionTraits<128, __half, __nv_fp8_e4m3, "
                  "1, 1, 32, false> >(pagedmha::cuda::AttentionArgs)")
