@@ -28,9 +28,9 @@ Phases, the first rule that matches wins:
   softmax  MUFU, fp32 ops (FMUL, FFMA, FADD, FMNMX, FSEL, FSETP, FRND, ...), SHFL, the
            other F2FP (packing P), 32-bit LDS (the boundary mask's row bounds)
   loader   the remaining integer and address instructions (IMAD, IADD3, LEA, SHF, LOP3,
-           ISETP, SEL, their uniform U* forms, the division's I2F / F2I): the loader's
-           integer work is interleaved with the mask's and the loop counter's, so this
-           is an upper bound of the loader
+           ISETP, SEL, their uniform U* forms, the division's I2F / F2I but not its
+           MUFU.RCP): the loader's integer work is interleaved with the mask's and the
+           loop counter's, so this is an upper bound of the loader
   other    moves (MOV, IMAD.MOV, CS2R, S2R, P2R, ...), NOP and anything else
 
 Per kernel: the template instance read from the demangled AttentionTraits<D, T, KV, WM,
@@ -41,7 +41,7 @@ each warp runs the loop body once per tile for its KW keys, so count / KW per wa
   python3 scripts/sass_count.py build/cuda/src/CMakeFiles/pagedmha.dir/cuda/decode/*.o --json counts.json
 
 Exit status 0; 1 when a kernel has no key-tile loop (the rules no longer fit the code);
-2 when nothing matched or cuobjdump failed.
+2 when nothing matched, cuobjdump failed or the JSON could not be written.
 """
 import argparse
 import json
@@ -236,8 +236,12 @@ def main():
         print(f"{r['instance']:34} {tr.get('BN', '?'):>4} {tr.get('KW', '?'):>3} {r['instructions']:5} "
               + " ".join(f"{r['phases'][p]:7}" for p in PHASES) + f" {r.get('per_key', '?'):>8}")
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"arch": args.arch, "phases": list(PHASES), "kernels": rows}, out, indent=1)
+        try:
+            with open(args.json, "w") as out:
+                json.dump({"arch": args.arch, "phases": list(PHASES), "kernels": rows}, out, indent=1)
+        except OSError as e:
+            print(f"sass_count: cannot write --json {args.json}: {e.strerror}", file=sys.stderr)
+            return 2
     if missing:
         print(f"sass_count: {missing} kernel(s) without a key-tile loop (a backward branch around HMMA and "
               "LDGSTS)", file=sys.stderr)
