@@ -2,8 +2,9 @@
 # One command for the GPU machine (no internet, no package registry): configure the
 # `cuda` preset with the carried dependencies (.deps/), build, run the GPU tests (ctest -L
 # gpu: the C++ GPU suites, the Python/torch tests and examples/python/engine_step.py with
-# its CUDA-graph step), the compute-sanitizer subset and the attention benchmark; print a
-# short summary last.
+# its CUDA-graph step), the SASS check of the Hopper kernels and the SASS counts of the
+# decode kernels (scripts/sass_count.py: sass_count.json), the compute-sanitizer subset
+# and the attention benchmark; print a short summary last.
 # Every stage runs even when an earlier one failed; the exit status is non-zero when
 # any stage failed.
 #
@@ -134,6 +135,23 @@ if [ -d "$build" ]; then
     fi
   else
     note "sass check" skipped "no Hopper kernel objects (built without CUTLASS?)"
+  fi
+fi
+
+# --- SASS counts of the decode kernels' key-tile loop per phase: a report, never a failure
+if [ -d "$build" ]; then
+  objs=$(find "$build/src" -path '*/cuda/decode/*' -name '*.o' 2>/dev/null | sort)
+  if [ -z "$objs" ]; then
+    note "sass count" skipped "no decode objects"
+  else
+    # shellcheck disable=SC2086
+    python3 scripts/sass_count.py $objs --json "$out/sass_count.json" >"$out/sass_count.log" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then
+      note "sass count" ok "decode loop counts in sass_count.log / sass_count.json"
+    else
+      note "sass count" skipped "not recorded (rc $rc), see sass_count.log"
+    fi
   fi
 fi
 

@@ -15,25 +15,13 @@ nothing matched.
   python3 scripts/sass_check.py build/cuda/src/CMakeFiles/pagedmha.dir/cuda/prefill_sm90/*.o
 """
 import argparse
+import os
 import re
 import shutil
-import subprocess
 import sys
 
-
-def kernels(sass: str):
-    """(name, lines) per function in cuobjdump's listing."""
-    name, body = None, []
-    for line in sass.splitlines():
-        m = re.match(r"\s*Function : (\S+)", line)
-        if m:
-            if name:
-                yield name, body
-            name, body = m.group(1), []
-        elif name:
-            body.append(line)
-    if name:
-        yield name, body
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sass_listing import demangle, dump_sass, kernels  # noqa: E402
 
 
 def max_reg(lines):
@@ -59,14 +47,6 @@ def analyse(lines):
     }
 
 
-def demangle(names):
-    cxxfilt = shutil.which("c++filt")
-    if not cxxfilt:
-        return names
-    out = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
-    return out if len(out) == len(names) else names
-
-
 def short(name):
     m = re.search(r"PrefillPolicy<(\d+), (true|false), (true|false)>, (\w+), (\w+)>", name)
     if m:
@@ -85,11 +65,12 @@ def main():
     args = ap.parse_args()
     rows, bad = [], 0
     for f in args.files:
-        res = subprocess.run([args.cuobjdump, "--dump-sass", f], capture_output=True, text=True)
-        if res.returncode != 0:
-            print(f"sass_check: {args.cuobjdump} failed on {f}: {res.stderr.strip()[:200]}", file=sys.stderr)
+        try:
+            sass = dump_sass(args.cuobjdump, f)
+        except RuntimeError as e:
+            print(f"sass_check: {e}", file=sys.stderr)
             return 2
-        for name, lines in kernels(res.stdout):
+        for name, lines in kernels(sass):
             if re.search(args.kernels, name):
                 rows.append((name, analyse(lines)))
     if not rows:

@@ -1,0 +1,87 @@
+"""Reading cuobjdump --dump-sass listings: the parsing shared by sass_check.py and
+sass_count.py (no GPU needed, only cuobjdump and, for readable names, c++filt)."""
+import re
+import shutil
+import subprocess
+from typing import NamedTuple
+
+_FUNCTION = re.compile(r"\s*Function : (\S+)")
+_ARCH = re.compile(r"\s*code for (sm_\w+)")
+# `        /*0390*/                   @!P0 BRA 0x540 ;   /* 0x... */`
+_INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][\w.]*)\s*([^;]*);")
+
+
+class Instruction(NamedTuple):
+    addr: int       # byte offset in the function
+    pred: str       # guard predicate ("@!P0"), "" when none
+    op: str         # mnemonic with modifiers ("LDSM.16.MT88.4")
+    operands: str   # the rest up to the ';' ("R4, [R2+UR4]")
+
+    @property
+    def base(self) -> str:
+        """The mnemonic without modifiers ("LDSM")."""
+        return self.op.split(".")[0]
+
+
+def functions(sass: str):
+    """(arch, name, lines) per function of a listing; arch is the `code for sm_XX` above it
+    ("" when the listing has none), lines the function's raw text lines."""
+    arch, name, body = "", None, []
+    for line in sass.splitlines():
+        m = _FUNCTION.match(line)
+        a = _ARCH.match(line)
+        if (m or a) and name:
+            yield fn_arch, name, body
+            name = None
+        if a:
+            arch = a.group(1)
+        elif m:
+            fn_arch, name, body = arch, m.group(1), []
+        elif name:
+            body.append(line)
+    if name:
+        yield fn_arch, name, body
+
+
+def kernels(sass: str):
+    """(name, lines) per function, every arch."""
+    for _, name, lines in functions(sass):
+        yield name, lines
+
+
+def instructions(lines):
+    """The Instructions of a function's lines, in address order (encoding lines skipped)."""
+    out = []
+    for line in lines:
+        m = _INSTRUCTION.match(line)
+        if m:
+            out.append(Instruction(int(m.group(1), 16), (m.group(2) or "").strip(), m.group(3), m.group(4).strip()))
+    return out
+
+
+def branch_target(ins: Instruction):
+    """Target address of a direct branch (BRA, BRA.DIV, ...), else None."""
+    if ins.base != "BRA":
+        return None
+    m = re.search(r"0x([0-9a-f]+)\s*$", ins.operands)
+    return int(m.group(1), 16) if m else None
+
+
+def dump_sass(cuobjdump: str, path: str) -> str:
+    """cuobjdump --dump-sass of an object file or executable; RuntimeError naming the file."""
+    try:
+        res = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True)
+    except OSError as e:
+        raise RuntimeError(f"cannot run {cuobjdump}: {e}") from e
+    if res.returncode != 0:
+        raise RuntimeError(f"{cuobjdump} failed on {path}: {res.stderr.strip()[:200]}")
+    return res.stdout
+
+
+def demangle(names):
+    """C++ names through c++filt (the names unchanged when it is absent)."""
+    cxxfilt = shutil.which("c++filt")
+    if not cxxfilt or not names:
+        return list(names)
+    out = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
+    return out if len(out) == len(names) else list(names)
