@@ -53,10 +53,12 @@ struct AttentionParams {
   /// bounds keys from the left (j >= p - window_left). Used by block-diffusion drafts.
   bool causal = true;
   /// batch_decode on CUDA: 0 lets the kernel choose the split-KV count of each request
-  /// on the device from that request's own visible key count (ceil(keys / 1024), at
-  /// most 32), never from the batch: a request gives bitwise the same result in any
-  /// batch (CUDA-graph padding). k >= 1 forces k splits per request (tests, tuning),
-  /// clamped to 32. Results do not depend on it beyond fp32 rounding. Ignored by the
+  /// on the device from that request's own visible key count and the problem's head
+  /// dim, KV dtype and KV heads (src/cuda/decode/policy.h: ceil(keys / S) with S = 1024
+  /// for bf16 D = 128 and 8 KV heads, 256 with one KV head), never from the batch: a
+  /// request gives bitwise the same result in any batch (CUDA-graph padding). k >= 1
+  /// forces k splits per request (tests, tuning). Both are capped at 256 / Hkv splits,
+  /// within [32, 128]. Results do not depend on it beyond fp32 rounding. Ignored by the
   /// CPU path.
   int num_splits = 0;
 };
@@ -98,9 +100,10 @@ void batch_decode(const TensorView& q, const TensorView& k_cache, const TensorVi
 /// Bytes of workspace batch_decode needs on `device` for up to `batch` requests of
 /// `q_len_per_req` queries (0 on the CPU). Depends only on these sizes and the device,
 /// so a workspace sized once serves every later call of at most that size. On CUDA it
-/// is the bound for the largest split count (32 splits per request: about
-/// batch * q_len_per_req * num_q_heads * (head_dim + 2) * 128 bytes), whatever the
-/// lengths, so that the split decision can stay on the device.
+/// is the bound for the largest split count (C = 256 / num_kv_heads within [32, 128]
+/// splits per request: batch * q_len_per_req * num_q_heads * C * (head_dim + 2) * 4
+/// bytes, plus 16), whatever the lengths, so that the split decision can stay on the
+/// device.
 std::size_t decode_workspace_size(Device device, int64_t batch, int q_len_per_req, int num_q_heads,
                                   int num_kv_heads, int head_dim);
 

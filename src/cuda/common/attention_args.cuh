@@ -41,13 +41,12 @@ struct AttentionArgs {
   const float* sinks;  // optional [Hq], natural-log units
   MaskVariant mask;    // causal, window_left (include/pagedmha/variant.h)
 
-  // Split-KV (decode, src/cuda/decode): forced count (0: from the live length), tile
-  // size the key range is split in, row chunks per KV head, the device-side work plan
-  // and the partial results (all in the caller's workspace).
-  int forced_splits, split_tile, row_chunks;
-  int32_t* work_prefix;  // [batch + 1]: exclusive prefix of work items per request
-  float* ws_o;           // [rows * Hq, kMaxSplits, D], unnormalised
-  float2* ws_ml;         // [rows * Hq, kMaxSplits]: (m, l) in log2 units
+  // Split-KV (decode, src/cuda/decode/policy.h): forced count (0: from the live
+  // length), keys per split and the cap, the tile size the key range is split in, row
+  // chunks per KV head, and the partial results (in the caller's workspace).
+  int forced_splits, split_keys, max_splits, split_tile, row_chunks;
+  float* ws_o;    // [rows * Hq, max_splits, D], unnormalised
+  float2* ws_ml;  // [rows * Hq, max_splits]: (m, l) in log2 units
 
   bool q_fp8;  // q is fp8 e4m3 (only with an fp8 cache): converted to T when loaded
 };

@@ -197,7 +197,7 @@ __device__ void attention_mainloop(const AttentionArgs& a, const AttentionSmem<T
     res.sm[mt].init();
   }
 
-  typename Tr::Loader loader(a, kv_head, pages, kr.lo, kr.hi);
+  typename Tr::Loader loader(a, kv_head, pages, kr.lo, kr.hi, tile_begin);
   const int ntiles = tile_end - tile_begin;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -304,8 +304,10 @@ __device__ void attention_mainloop(const AttentionArgs& a, const AttentionSmem<T
       }
     }
 
+    // Lean and ftz: split results are compared within an ulp, not bitwise, across split
+    // counts, and a request's split count never depends on the batch (decode/policy.h).
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) res.sm[mt].template update<KW / 8, D / 8>(s[mt], res.acc[mt], fold);
+    for (int mt = 0; mt < MT; ++mt) res.sm[mt].template update<KW / 8, D / 8, true, true>(s[mt], res.acc[mt], fold);
 
     // O += P V: P's C fragments are A fragments of the k16 steps over keys; each V
     // fragment feeds the warp's MT row tiles.

@@ -108,10 +108,10 @@ struct SoftmaxRows {
   }
 
   /// step() then rescale() (the mma.sync mainloop: its P V of the tile follows at once).
-  template <int NS, int ND>
+  template <int NS, int ND, bool kLean = false, bool kFtz = false>
   __device__ __forceinline__ void update(float (&s)[NS][4], float (&acc)[ND][4], float scale = 1.0f) {
     float alpha[2];
-    step(s, scale, alpha);
+    step<NS, kLean, kFtz>(s, scale, alpha);
     rescale(acc, alpha);
   }
 

@@ -1,7 +1,10 @@
 // Copies tiles of BN consecutive key positions of one KV head from a paged cache into
 // shared memory with 16-byte cp.async. Each token is addressed through the page table:
 // page_table[pos / P] * page_stride + (pos % P) * token_stride (64-bit), so any page
-// size and NHD / HND / interleaved layouts work. Positions outside [lo, hi) are
+// size and NHD / HND / interleaved layouts work. When the page size is a multiple of a
+// warp's run of keys (BN / 4: 16 for decode at page 16 or 64), each warp looks its page
+// up once per tile and steps its row addresses by additions; other page sizes take one
+// page id per row. Positions outside [lo, hi) are
 // zero-filled without touching the page table or the cache. Tiles land swizzled in the
 // cache's own dtype: fp8 stays fp8 in shared memory (half the bytes per stage) and the
 // mainloop converts fragments in registers (fp8_fragments.cuh).
@@ -40,67 +43,124 @@ template <int D, class KV, int BN, int kThreads>
 struct PagedTileLoader {
   static constexpr bool kFp8 = sizeof(KV) == 1;
   static constexpr int kRawChunks = D * static_cast<int>(sizeof(KV)) / 16;  // per token row
-  static constexpr int kRowsPerPass = kThreads / kRawChunks;
-  static constexpr int kRows = BN / kRowsPerPass;  // token rows each thread copies (K and V each)
+  static constexpr int kWarps = kThreads / 32;
+  // Each warp copies one run of kRun consecutive keys per tile, kRowsPerPass rows per pass
+  // (a pass is 512 contiguous-per-row bytes: coalesced within each token row).
+  static constexpr int kRun = BN / kWarps;
+  static constexpr int kRowsPerPass = 32 / kRawChunks;
+  static constexpr int kRows = kRun / kRowsPerPass;  // token rows each thread copies (K and V each)
   static constexpr int kTileBytes = BN * D * static_cast<int>(sizeof(KV));
-  static_assert(kThreads % kRawChunks == 0 && BN % kRowsPerPass == 0, "tile split");
+  static_assert(kRawChunks <= 32 && 32 % kRawChunks == 0, "a token row within one warp pass");
+  static_assert(BN % kWarps == 0 && kRun % kRowsPerPass == 0, "tile split");
 
   const AttentionArgs& args;  // strides read from the kernel parameters: no registers held
   const char* k;
   const char* v;
   const int32_t* pages;
   int lo, hi;
-  int chunk, row0;
-  int page[kRows], tok[kRows];
+  int chunk, row0;  // the thread's 16-byte chunk and first row within the tile
+  // Run path (page_size % kRun == 0: a warp's run never crosses a page): the page column
+  // and in-page token of the run's first key for the next tile, advanced by addition.
+  bool run_path;
+  int col, tk, adv_col, adv_tk;
+  int run_page;
 
-  __device__ PagedTileLoader(const AttentionArgs& a, int kv_head, const int32_t* page_row, int key_lo, int key_hi)
+  __device__ PagedTileLoader(const AttentionArgs& a, int kv_head, const int32_t* page_row, int key_lo, int key_hi,
+                             int first_tile)
       : args(a), pages(page_row), lo(key_lo), hi(key_hi) {
     constexpr int64_t es = sizeof(KV);
-    chunk = threadIdx.x % kRawChunks;
-    row0 = threadIdx.x / kRawChunks;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    chunk = lane % kRawChunks;
+    row0 = warp * kRun + lane / kRawChunks;
     k = static_cast<const char*>(a.k) + kv_head * a.k_head_stride * es + chunk * 16;
     v = static_cast<const char*>(a.v) + kv_head * a.v_head_stride * es + chunk * 16;
+    const int P = a.page_size;
+    run_path = P % kRun == 0;
+    // One division per work item; tiles then advance by BN keys.
+    const int pos = first_tile * BN + warp * kRun;
+    col = pos / P;
+    tk = pos - col * P;
+    adv_col = BN / P;
+    adv_tk = BN - adv_col * P;
   }
 
   __device__ __forceinline__ bool in_range(int pos) const { return pos >= lo && pos < hi; }
 
-  /// Loads the page ids of `tile` into registers (issued early to hide their latency).
-  /// One division per tile: the thread's rows step by kRowsPerPass, so (col, tok) advance
-  /// by subtraction (one step when page_size >= kRowsPerPass).
+  /// Loads the run's page id of `tile` into a register (issued early to hide its
+  /// latency). Tiles must be fetched in order from `first_tile`, each once, before its
+  /// issue(). The general path reads its page ids in issue(): holding one per row
+  /// across the pipeline wait costs registers the D = 256 tiles do not have.
   __device__ __forceinline__ void fetch_pages(int tile) {
-    const int page_size = args.page_size;
-    int pos = tile * BN + row0;
-    int col = pos / page_size;
-    int tk = pos - col * page_size;
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      page[i] = 0;
-      tok[i] = 0;
-      if (in_range(pos)) {
-        page[i] = __ldg(pages + col);
-        tok[i] = tk;
-      }
-      pos += kRowsPerPass;
-      tk += kRowsPerPass;
-      while (tk >= page_size) {
-        tk -= page_size;
-        ++col;
-      }
+    if (run_path) {
+      // The run's page holds a visible key iff the run meets [lo, hi): only then is the
+      // page-table entry read.
+      const int first = tile * BN + (threadIdx.x >> 5) * kRun;
+      run_page = first < hi && first + kRun > lo ? __ldg(pages + col) : 0;
     }
   }
 
   /// Starts the copies of `tile` (after fetch_pages(tile)) into K then V at `dst`.
-  __device__ __forceinline__ void issue(int tile, char* dst) const {
-    constexpr int64_t es = sizeof(KV);
+  __device__ __forceinline__ void issue(int tile, char* dst) {
     const uint32_t base = smem_addr(dst);
+    const bool interior = tile * BN >= lo && tile * BN + BN <= hi;
+    if (run_path) {
+      if (interior) {
+        issue_run<false>(tile, base);
+      } else {
+        issue_run<true>(tile, base);
+      }
+      tk += adv_tk;
+      col += adv_col;
+      if (tk >= args.page_size) {
+        tk -= args.page_size;
+        ++col;
+      }
+    } else {
+      issue_rows(tile, base);
+    }
+  }
+
+ private:
+  template <bool kCheck>
+  __device__ __forceinline__ void issue_run(int tile, uint32_t base) const {
+    constexpr int64_t es = sizeof(KV);
+    const int sub = row0 - (threadIdx.x >> 5) * kRun;  // row within the run's first pass
+    const int64_t t0 = tk + sub;
+    const char* kp = k + (run_page * args.k_page_stride + t0 * args.k_token_stride) * es;
+    const char* vp = v + (run_page * args.v_page_stride + t0 * args.v_token_stride) * es;
+    const int64_t k_step = kRowsPerPass * args.k_token_stride * es;
+    const int64_t v_step = kRowsPerPass * args.v_token_stride * es;
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const int r = row0 + i * kRowsPerPass;
-      const bool valid = in_range(tile * BN + r);
+      const bool valid = !kCheck || in_range(tile * BN + r);
       const uint32_t off = swizzle_rows<kRawChunks>(r, chunk);
-      const int64_t p = page[i], t = tok[i];
+      cp_async_16(base + off, kp, valid);
+      cp_async_16(base + kTileBytes + off, vp, valid);
+      kp += k_step;
+      vp += v_step;
+    }
+  }
+
+  __device__ __forceinline__ void issue_rows(int tile, uint32_t base) const {
+    constexpr int64_t es = sizeof(KV);
+    const int P = args.page_size;
+    int pos = tile * BN + row0;
+    int c = pos / P;  // one division per tile; rows then step by kRowsPerPass
+    int t = pos - c * P;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const bool valid = in_range(pos);
+      const int64_t p = valid ? __ldg(pages + c) : 0;
+      const uint32_t off = swizzle_rows<kRawChunks>(row0 + i * kRowsPerPass, chunk);
       cp_async_16(base + off, k + (p * args.k_page_stride + t * args.k_token_stride) * es, valid);
       cp_async_16(base + kTileBytes + off, v + (p * args.v_page_stride + t * args.v_token_stride) * es, valid);
+      pos += kRowsPerPass;
+      t += kRowsPerPass;
+      while (t >= P) {
+        t -= P;
+        ++c;
+      }
     }
   }
 };

@@ -1,5 +1,6 @@
-// batch_decode launcher: workspace layout and the forced split count. The split count of
-// each request is decided on the device from its own length (decode_kernel.cuh).
+// batch_decode launcher: the split policy, workspace layout and forced split count. The
+// split count of each request is decided on the device from its own length
+// (decode_kernel.cuh).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,7 +11,7 @@
 #include "cuda/common/dispatch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/cuda_ops.h"
-#include "cuda/decode/decode_split.h"
+#include "cuda/decode/policy.h"
 
 namespace pagedmha::cuda {
 
@@ -19,30 +20,33 @@ template <int D, class T, class KV>
 void launch_decode(const AttentionArgs& a, int device, int sm_count, cudaStream_t stream);
 
 std::size_t decode_workspace_size(int /*device_index*/, int64_t batch, int q_len_per_req, int num_q_heads,
-                                  int /*num_kv_heads*/, int head_dim) {
+                                  int num_kv_heads, int head_dim) {
   if (batch <= 0) return 0;
-  return DecodeWorkspaceLayout::kAlign +
-         DecodeWorkspaceLayout(batch, batch * q_len_per_req, num_q_heads, head_dim).total;
+  // The cap does not depend on the KV dtype, so one size serves bf16 and fp8 caches.
+  const int cap = DecodeSplitPolicy::make(head_dim, 2, num_kv_heads).max_splits;
+  return DecodeWorkspaceLayout::kAlign + DecodeWorkspaceLayout(batch * q_len_per_req, num_q_heads, head_dim, cap).total;
 }
 
 void batch_decode(const detail::AttentionProblem& p) {
   DeviceGuard guard(p.device.index);
   AttentionArgs a = make_attention_args(p);
   const int64_t rows = static_cast<int64_t>(p.batch) * p.q_len_per_req;
-  // Work items are counted in int32 (at most batch * Hkv * G * n * kMaxSplits).
-  if (static_cast<int64_t>(p.batch) * p.num_q_heads * p.q_len_per_req * kMaxSplits > INT32_MAX) {
+  const DecodeSplitPolicy policy = DecodeSplitPolicy::make(p.head_dim, static_cast<int>(dtype_size(p.kv.dtype)), p.num_kv_heads);
+  // Work items are counted in int32 (at most batch * Hkv * G * n * max_splits).
+  if (static_cast<int64_t>(p.batch) * p.num_q_heads * p.q_len_per_req * policy.max_splits > INT32_MAX) {
     throw Error("batch_decode: seq_lens: at most " +
-                std::to_string(INT32_MAX / (int64_t{p.num_q_heads} * p.q_len_per_req * kMaxSplits)) +
+                std::to_string(INT32_MAX / (int64_t{p.num_q_heads} * p.q_len_per_req * policy.max_splits)) +
                 " requests for this shape, got " + std::to_string(p.batch));
   }
-  a.forced_splits = std::min(p.num_splits, kMaxSplits);  // 0: from each request's length
+  a.split_keys = policy.split_keys;
+  a.max_splits = policy.max_splits;
+  a.forced_splits = std::min(p.num_splits, policy.max_splits);  // 0: from each request's length
 
   // The front end checked workspace_bytes >= decode_workspace_size (which has the
   // alignment slack), so the layout fits.
-  const DecodeWorkspaceLayout layout(p.batch, rows, p.num_q_heads, p.head_dim);
+  const DecodeWorkspaceLayout layout(rows, p.num_q_heads, p.head_dim, policy.max_splits);
   char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(p.workspace) + DecodeWorkspaceLayout::kAlign - 1) &
                                        ~uintptr_t{DecodeWorkspaceLayout::kAlign - 1});
-  a.work_prefix = reinterpret_cast<int32_t*>(base + layout.prefix);
   a.ws_o = reinterpret_cast<float*>(base + layout.o);
   a.ws_ml = reinterpret_cast<float2*>(base + layout.ml);
 

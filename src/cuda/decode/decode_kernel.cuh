@@ -3,15 +3,17 @@
 // rows of one query tile, so each K/V byte is read once per KV head.
 //
 // Work items: (request, KV head, row chunk, split). A request's split count depends only
-// on its own visible key count (decode_split), never on the batch, so a request gives
-// bitwise the same result in any batch (CUDA-graph padding, docs/semantics.md section 4).
-// Three launches, all sized from shapes and the device only (graph-safe):
-//   1. decode_plan_kernel (1 CTA): exclusive prefix of work items per request;
-//   2. decode_kernel: a persistent grid (CTAs that fit the GPU at once) loops over the
-//      live items; a single-split request writes its output directly, others write
-//      unnormalised partials (O, m, l) into the workspace;
-//   3. decode_merge_kernel: combines the partials of split requests, the sink counted
-//      once, empty splits skipped.
+// on its own visible key count and the problem's constants (policy.h), never on the
+// batch, so a request gives bitwise the same result in any batch (CUDA-graph padding,
+// docs/semantics.md section 4). Two kernels, sized from shapes and the device only
+// (graph-safe):
+//   1. decode_kernel: a persistent grid (CTAs that fit the GPU at once). Each CTA scans
+//      the requests' item counts itself, 128 requests at a time (no plan kernel), and
+//      loops over its items; a single-split request writes its output directly, others
+//      write unnormalised partials (O, m, l) into the workspace;
+//   2. decode_merge_kernel: combines the partials of split requests, the sink counted
+//      once, empty splits skipped. On sm_90 it is a programmatic dependent launch: its
+//      CTAs are resident before the decode grid ends and wait for it in griddepcontrol.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,10 +25,9 @@
 #include "cuda/common/arch.h"
 #include "cuda/common/attention_mainloop.cuh"
 #include "cuda/common/launch.cuh"
-#include "cuda/decode/decode_split.h"
+#include "cuda/decode/policy.h"
 
 namespace pagedmha::cuda {
-
 
 /// A request's split-KV decomposition: its key tiles [t0, t0 + nt) (tiles of a.split_tile
 /// keys covering the keys any of its queries can see) and the split count.
@@ -34,7 +35,7 @@ struct DecodeSplit {
   int t0, nt, count;
 };
 
-/// Depends only on L, the problem's constants and the tile size (never the batch).
+/// Depends only on L and the problem's constants (never the batch).
 __device__ __forceinline__ DecodeSplit decode_split(const AttentionArgs& a, int L) {
   const int tile = a.split_tile;
   const int first = static_cast<int>(a.mask.first_key(L, a.q_len_per_req));
@@ -42,67 +43,25 @@ __device__ __forceinline__ DecodeSplit decode_split(const AttentionArgs& a, int 
   s.t0 = first / tile;
   s.nt = max((L + tile - 1) / tile - s.t0, 0);
   const int keys = max(L - first, 0);
-  const int want = a.forced_splits > 0 ? a.forced_splits : (keys + kKeysPerSplit - 1) / kKeysPerSplit;
-  s.count = max(1, min(want, kMaxSplits));
+  const int want = a.forced_splits > 0 ? a.forced_splits : (keys + a.split_keys - 1) / a.split_keys;
+  s.count = max(1, min(want, a.max_splits));
   return s;
 }
 
-/// Writes work_prefix[0..batch]: exclusive prefix sums of Hkv * row_chunks * splits(b).
-/// (A template only so that the header can be included by several translation units.)
-template <int kPlanThreads>
-__global__ void __launch_bounds__(kPlanThreads) decode_plan_kernel(const AttentionArgs a) {
-  static_assert(kPlanThreads == 1024, "warp 0 scans the 32 warp sums");
-  __shared__ int warp_sums[kPlanThreads / 32];
-  __shared__ int carry;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int per_split = a.num_kv_heads * a.row_chunks;
-  if (threadIdx.x == 0) {
-    carry = 0;
-    a.work_prefix[0] = 0;
-  }
-  for (int base = 0; base < a.batch; base += kPlanThreads) {
-    const int b = base + threadIdx.x;
-    int x = b < a.batch ? decode_split(a, max(a.seq_lens[b], 0)).count * per_split : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, x, o);
-      if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_sums[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-      int w = warp_sums[lane];
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, w, o);
-        if (lane >= o) w += y;
-      }
-      warp_sums[lane] = w;
-    }
-    __syncthreads();
-    const int incl = carry + x + (warp > 0 ? warp_sums[warp - 1] : 0);
-    if (b < a.batch) a.work_prefix[b + 1] = incl;
-    __syncthreads();  // everyone has read carry
-    if (threadIdx.x == kPlanThreads - 1) carry = incl;
-    __syncthreads();
-  }
-}
-
-/// The request of work item `item`: the largest b with prefix[b] <= item (the prefix is
-/// strictly increasing: every request has at least one item). All threads of the CTA
-/// call it; one load per thread per round (one round up to kThreads requests). Also a
-/// block-wide barrier.
+/// Inclusive prefix sum of one value per thread over the CTA; ends with the CTA
+/// synchronised. `warp_sums`: shared [kThreads / 32].
 template <int kThreads>
-__device__ __forceinline__ int find_request(const int32_t* prefix, int batch, int item) {
-  int lo = 0, span = batch;  // invariant: prefix[lo] <= item, answer in [lo, lo + span)
-  while (true) {
-    const int step = (span + kThreads - 1) / kThreads;
-    const int off = static_cast<int>(threadIdx.x) * step;
-    const int n = __syncthreads_count(off < span && prefix[lo + off] <= item);
-    lo += (n - 1) * step;
-    if (step == 1) return lo;
-    span = min(step, span - (n - 1) * step);
+__device__ __forceinline__ int block_inclusive_sum(int x, int* warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
   }
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) x += warp_sums[w];
+  return x;
 }
 
 /// Row r of chunk `row_base / M` of (request b, KV head): packed index pr = i * G + j is
@@ -136,7 +95,7 @@ struct PartialOut {
 
   __device__ int64_t slot(int r) const {
     const RowDesc d = rows(r);
-    return (d.qrow * a.num_q_heads + d.head) * kMaxSplits + split;
+    return (d.qrow * a.num_q_heads + d.head) * a.max_splits + split;
   }
   __device__ bool row_valid(int r) const { return rows(r).valid; }
   __device__ float finish_row(int r, float m, float l) const {
@@ -151,33 +110,61 @@ struct PartialOut {
   }
 };
 
+/// One work item: request b's `local`-th item (split fastest, then row chunk, KV head).
+template <class Tr>
+__device__ __forceinline__ void decode_item(const AttentionArgs& a, const AttentionSmem<Tr>& sm, int b, int local) {
+  const int L = max(a.seq_lens[b], 0);
+  const DecodeSplit sp = decode_split(a, L);
+  const int split = local % sp.count;
+  local /= sp.count;
+  const int chunk = local % a.row_chunks, kv_head = local / a.row_chunks;
+
+  const DecodeRows rows{a, b, kv_head, chunk * Tr::M, L};
+  const KeyRange kr = setup_rows<Tr>(a, sm, rows);
+  // This split's share of the request's tiles, clipped to the keys these rows see.
+  const int tb = max(sp.t0 + static_cast<int>(static_cast<int64_t>(split) * sp.nt / sp.count), kr.lo / Tr::BN);
+  const int te = min(sp.t0 + static_cast<int>(static_cast<int64_t>(split + 1) * sp.nt / sp.count),
+                     (kr.hi + Tr::BN - 1) / Tr::BN);
+  WarpResult<Tr> res;
+  attention_mainloop<Tr>(a, sm, kr, kv_head, a.page_table + b * a.page_table_row_stride, tb, max(te, tb), res);
+  if (sp.count == 1) {
+    attention_epilogue<Tr>(sm, res, DirectOut<typename Tr::T, DecodeRows>{a, rows});
+  } else {
+    attention_epilogue<Tr>(sm, res, PartialOut<Tr::D, DecodeRows>{a, rows, split});
+  }
+}
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads) decode_kernel(const AttentionArgs a) {
   extern __shared__ __align__(128) char smem_raw[];
+  __shared__ int req_prefix[Tr::kThreads + 1];  // item prefix of the current 128 requests
+  __shared__ int warp_sums[Tr::kThreads / 32];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the merge may start its CTAs
+#endif
   const AttentionSmem<Tr> sm{smem_raw};
-  const int total = a.work_prefix[a.batch];
-  for (int item = blockIdx.x; item < total; item += gridDim.x) {
-    // Also the barrier between the previous item's epilogue and this item's setup.
-    const int b = find_request<Tr::kThreads>(a.work_prefix, a.batch, item);
-    const int L = max(a.seq_lens[b], 0);
-    const DecodeSplit sp = decode_split(a, L);
-    int local = item - a.work_prefix[b];
-    const int split = local % sp.count;
-    local /= sp.count;
-    const int chunk = local % a.row_chunks, kv_head = local / a.row_chunks;
-
-    const DecodeRows rows{a, b, kv_head, chunk * Tr::M, L};
-    const KeyRange kr = setup_rows<Tr>(a, sm, rows);
-    // This split's share of the request's tiles, clipped to the keys these rows see.
-    const int tb = max(sp.t0 + static_cast<int>(static_cast<int64_t>(split) * sp.nt / sp.count), kr.lo / Tr::BN);
-    const int te = min(sp.t0 + static_cast<int>(static_cast<int64_t>(split + 1) * sp.nt / sp.count),
-                       (kr.hi + Tr::BN - 1) / Tr::BN);
-    WarpResult<Tr> res;
-    attention_mainloop<Tr>(a, sm, kr, kv_head, a.page_table + b * a.page_table_row_stride, tb, max(te, tb), res);
-    if (sp.count == 1) {
-      attention_epilogue<Tr>(sm, res, DirectOut<typename Tr::T, DecodeRows>{a, rows});
-    } else {
-      attention_epilogue<Tr>(sm, res, PartialOut<Tr::D, DecodeRows>{a, rows, split});
+  const int tid = threadIdx.x;
+  int item = blockIdx.x;
+  for (int base = 0; base < a.batch; base += Tr::kThreads) {
+    const int b = base + tid;
+    const int n = b < a.batch ? decode_split(a, max(a.seq_lens[b], 0)).count * a.num_kv_heads * a.row_chunks : 0;
+    const int before = base == 0 ? 0 : req_prefix[Tr::kThreads];  // items of the requests already scanned
+    const int incl = block_inclusive_sum<Tr::kThreads>(n, warp_sums);  // (everyone has read `before`)
+    req_prefix[tid + 1] = before + incl;
+    if (tid == 0) req_prefix[0] = before;
+    __syncthreads();
+    // Across items only `item` and `base` stay in registers (the 64-row D = 256 tiles
+    // use all 255).
+    for (; item < req_prefix[Tr::kThreads]; item += gridDim.x) {
+      // The request: the largest j with req_prefix[j] <= item (every request has at
+      // least one item, so the prefix rises strictly up to the batch's end).
+      int j = 0;
+#pragma unroll
+      for (int step = Tr::kThreads / 2; step > 0; step >>= 1) {
+        if (req_prefix[j + step] <= item) j += step;
+      }
+      decode_item<Tr>(a, sm, base + j, item - req_prefix[j]);
+      __syncthreads();  // the epilogue's shared memory is the next item's
     }
   }
 }
@@ -187,6 +174,9 @@ __global__ void __launch_bounds__(Tr::kThreads) decode_kernel(const AttentionArg
 /// exp2(m_s - M) an exact power of two, then finalize_softmax.
 template <int D, class T>
 __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode grid is done, its writes visible
+#endif
   const int lane = threadIdx.x & 31;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (item >= static_cast<int64_t>(a.batch) * a.q_len_per_req * a.num_q_heads) return;
@@ -196,24 +186,40 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a
   const int count = decode_split(a, max(a.seq_lens[b], 0)).count;
   if (count <= 1) return;
 
-  // Lane s holds split s's (m, l).
-  const float2 ml = lane < count ? a.ws_ml[item * kMaxSplits + lane] : make_float2(-INFINITY, 0.0f);
-  float mx = ml.x;
+  // Lane l holds splits l, l + 32, ... (m, l) and their weights.
+  constexpr int kPerLane = DecodeSplitPolicy::kMaxCap / 32;
+  const int64_t slot0 = item * a.max_splits;
+  float2 ml[kPerLane];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int s = 32 * k + lane;
+    ml[k] = s < count ? a.ws_ml[slot0 + s] : make_float2(-INFINITY, 0.0f);
+    mx = fmaxf(mx, ml[k].x);
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  const float w_lane = ml.x == -INFINITY ? 0.0f : fast_exp2(ml.x - mx);  // exact power of two
-  float z = ml.y * w_lane;  // summed in split order below, as the warps are in the epilogue
+  float w_lane[kPerLane], z_lane[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    w_lane[k] = ml[k].x == -INFINITY ? 0.0f : fast_exp2(ml[k].x - mx);  // exact power of two
+    z_lane[k] = ml[k].y * w_lane[k];
+  }
+  // Summed in split order, as the warps are in the epilogue.
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   float l_sum = 0.0f;
   const bool active = lane < D / 8;
-  for (int s = 0; s < count; ++s) {
-    const float w = __shfl_sync(0xffffffffu, w_lane, s);
-    l_sum += __shfl_sync(0xffffffffu, z, s);
-    if (active && w > 0.0f) {
-      const float4* o = reinterpret_cast<const float4*>(a.ws_o + (item * kMaxSplits + s) * D + 8 * lane);
-      const float4 x = o[0], y = o[1];
-      acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
-      acc[4] += w * y.x, acc[5] += w * y.y, acc[6] += w * y.z, acc[7] += w * y.w;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    for (int sl = 0; sl < 32 && 32 * k + sl < count; ++sl) {
+      const float w = __shfl_sync(0xffffffffu, w_lane[k], sl);
+      l_sum += __shfl_sync(0xffffffffu, z_lane[k], sl);
+      if (active && w > 0.0f) {
+        const float4* o = reinterpret_cast<const float4*>(a.ws_o + (slot0 + 32 * k + sl) * D + 8 * lane);
+        const float4 x = o[0], y = o[1];
+        acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
+        acc[4] += w * y.x, acc[5] += w * y.y, acc[6] += w * y.z, acc[7] += w * y.w;
+      }
     }
   }
   float scale, lse;
@@ -252,22 +258,22 @@ int resident_ctas_per_sm(int device) {
 // scale with the bytes: with 4 warps splitting the keys, rows of <= 128 bytes (fp8
 // D <= 128, bf16 / fp16 D = 64) take 32 keys per warp, so a warp still streams 8 KB of
 // K + V per tile (as bf16 D = 128 does with 16 keys) in the same 32 KB stages.
+// The 64-row tiles at D = 256 take 16 keys per warp: their 128 accumulator registers
+// leave no room for 32 keys' logits without spilling.
 template <int D, class T, class KV, int WM>
-using DecodeTraits =
-    AttentionTraits<D, T, KV, WM, 1, WM == 1 && D * static_cast<int>(sizeof(KV)) <= 128 ? 32 : 0>;
+using DecodeTraits = AttentionTraits<D, T, KV, WM, 1,
+                                     WM == 1 && D * static_cast<int>(sizeof(KV)) <= 128 ? 32
+                                     : WM == 4 && D == 256                               ? 16
+                                                                                         : 0>;
 
-/// Launches plan, attention and merge for one (head dim, T, KV, warp layout); `a` is
-/// complete except for the tile configuration chosen here.
+/// Launches attention and merge for one (head dim, T, KV, warp layout); `a` is complete
+/// except for the tile configuration chosen here.
 template <int D, class T, class KV, int WM>
 void launch_decode_config(AttentionArgs a, int device, int sm_count, cudaStream_t stream) {
   using Tr = DecodeTraits<D, T, KV, WM>;
   a.split_tile = Tr::BN;
   a.row_chunks = ceil_div(a.group * a.q_len_per_req, Tr::M);
-  constexpr int kPlanThreads = 1024;
-  decode_plan_kernel<kPlanThreads><<<1, kPlanThreads, 0, stream>>>(a);
-  PAGEDMHA_CUDA_CHECK_LAUNCH();
-
-  const int max_count = a.forced_splits > 0 ? std::min(a.forced_splits, kMaxSplits) : kMaxSplits;
+  const int max_count = a.forced_splits > 0 ? a.forced_splits : a.max_splits;
   const int64_t max_items = static_cast<int64_t>(a.batch) * a.num_kv_heads * a.row_chunks * max_count;
   const int per_sm = resident_ctas_per_sm<Tr>(device);
   const int64_t grid = std::min<int64_t>(max_items, static_cast<int64_t>(per_sm) * sm_count);
@@ -276,8 +282,18 @@ void launch_decode_config(AttentionArgs a, int device, int sm_count, cudaStream_
 
   if (max_count > 1) {
     const int64_t rows = static_cast<int64_t>(a.batch) * a.q_len_per_req * a.num_q_heads;
-    decode_merge_kernel<D, T><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a);
-    PAGEDMHA_CUDA_CHECK_LAUNCH();
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>((rows + 3) / 4));
+    cfg.blockDim = dim3(128);
+    cfg.stream = stream;
+    cudaLaunchAttribute pdl[1];
+    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl[0].val.programmaticStreamSerializationAllowed = 1;
+    if (compute_capability(device) >= 90) {
+      cfg.attrs = pdl;
+      cfg.numAttrs = 1;
+    }
+    PAGEDMHA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel<D, T>, a));
   }
 }
 

@@ -1,0 +1,61 @@
+// Decode policy: how a request's keys are split into work items, the split cap that
+// bounds the workspace, and the workspace layout. Host and device share these; every
+// choice depends only on the problem's constants (head dim, KV dtype, KV heads) and, on
+// the device, on the request's own visible key count, never on the batch: a request
+// gives bitwise the same result in any batch (docs/semantics.md section 4).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace pagedmha::cuda {
+
+struct DecodeSplitPolicy {
+  /// A long request (kFillKeys keys) alone should give about kFillItems work items:
+  /// two resident CTAs on each of the H200's 132 SMs, so 1-2 requests fill the GPU.
+  /// With 8 KV heads that is 32 splits of 1024 keys; with one KV head (a TP-8 rank of
+  /// llama3-70b) 256 splits of 128 keys, which the bounds below coarsen.
+  static constexpr int kFillKeys = 32768;
+  static constexpr int kFillItems = 256;
+  /// K + V bytes of one split: at least 128 KB, so that its partials (G * n rows of
+  /// (D + 2) fp32, written once and read by the merge) stay a few % of what it reads;
+  /// at most 512 KB (1024 keys of bf16 D = 128: the size that balanced 16x8k..128x32k).
+  static constexpr int64_t kMinSplitBytes = int64_t{128} << 10;
+  static constexpr int64_t kMaxSplitBytes = int64_t{512} << 10;
+  /// Split cap per request: kFillItems / Hkv within [32, 128]. The workspace holds
+  /// max_splits partials per query row and head, so it stays at rows * G * ~256 partials.
+  static constexpr int kMinCap = 32, kMaxCap = 128;
+
+  int split_keys;  // keys per split when the count follows the length
+  int max_splits;  // cap on a request's splits (also forced counts)
+
+  static constexpr DecodeSplitPolicy make(int head_dim, int kv_elem_bytes, int num_kv_heads) {
+    const int64_t key_bytes = int64_t{2} * head_dim * kv_elem_bytes;  // K + V of one key
+    const int64_t fill = int64_t{kFillKeys} * num_kv_heads / kFillItems;
+    const int64_t keys = std::clamp(fill, kMinSplitBytes / key_bytes, kMaxSplitBytes / key_bytes);
+    const int cap = std::clamp(kFillItems / std::max(num_kv_heads, 1), kMinCap, kMaxCap);
+    return DecodeSplitPolicy{static_cast<int>(keys), cap};
+  }
+};
+
+static_assert(DecodeSplitPolicy::make(128, 2, 8).split_keys == 1024, "llama3-8b: 32 splits of 1024 keys at 32k");
+static_assert(DecodeSplitPolicy::make(128, 2, 1).split_keys == 256 &&
+                  DecodeSplitPolicy::make(128, 2, 1).max_splits == 128,
+              "one KV head: 128 splits of 256 keys at 32k");
+
+/// Workspace layout of batch_decode (offsets from the 16-byte aligned base): fp32 O
+/// partials [rows * Hq, max_splits, D], then float2 (m, l) [rows * Hq, max_splits].
+struct DecodeWorkspaceLayout {
+  static constexpr std::size_t kAlign = 16;
+  std::size_t o = 0, ml = 0, total = 0;
+
+  DecodeWorkspaceLayout(int64_t rows, int num_q_heads, int head_dim, int max_splits) {
+    const std::size_t slots = static_cast<std::size_t>(rows) * num_q_heads * max_splits;
+    o = 0;
+    ml = o + slots * head_dim * sizeof(float);
+    total = ml + slots * 2 * sizeof(float);
+  }
+};
+
+}  // namespace pagedmha::cuda
