@@ -59,11 +59,14 @@ struct PagedTileLoader {
   const int32_t* pages;
   int lo, hi;
   int chunk, row0;  // the thread's 16-byte chunk and first row within the tile
-  // Run path (page_size % kRun == 0: a warp's run never crosses a page): the page column
-  // and in-page token of the run's first key for the next tile, advanced by addition.
+  // Run path: a warp's run lies in one page (page_size % kRun == 0) or in kRunPages
+  // whole pages (kRun % page_size == 0, page_size a multiple of kRowsPerPass: 16 for the
+  // 32-key runs). The page column and in-page token of the run's first key for the next
+  // tile are advanced by addition.
+  static constexpr int kRunPages = kRun >= 32 ? kRun / 16 : 1;
   bool run_path;
   int col, tk, adv_col, adv_tk;
-  int run_page;
+  int run_page[kRunPages];
 
   __device__ PagedTileLoader(const AttentionArgs& a, int kv_head, const int32_t* page_row, int key_lo, int key_hi,
                              int first_tile)
@@ -75,7 +78,7 @@ struct PagedTileLoader {
     k = static_cast<const char*>(a.k) + kv_head * a.k_head_stride * es + chunk * 16;
     v = static_cast<const char*>(a.v) + kv_head * a.v_head_stride * es + chunk * 16;
     const int P = a.page_size;
-    run_path = P % kRun == 0;
+    run_path = P % kRun == 0 || (kRun % P == 0 && kRun / P <= kRunPages && P % kRowsPerPass == 0);
     // One division per work item; tiles then advance by BN keys.
     const int pos = first_tile * BN + warp * kRun;
     col = pos / P;
@@ -86,16 +89,19 @@ struct PagedTileLoader {
 
   __device__ __forceinline__ bool in_range(int pos) const { return pos >= lo && pos < hi; }
 
-  /// Loads the run's page id of `tile` into a register (issued early to hide its
+  /// Loads the run's page ids of `tile` into registers (issued early to hide their
   /// latency). Tiles must be fetched in order from `first_tile`, each once, before its
   /// issue(). The general path reads its page ids in issue(): holding one per row
   /// across the pipeline wait costs registers the D = 256 tiles do not have.
   __device__ __forceinline__ void fetch_pages(int tile) {
     if (run_path) {
-      // The run's page holds a visible key iff the run meets [lo, hi): only then is the
-      // page-table entry read.
+      // A page's entry is read only when its part of the run meets [lo, hi).
       const int first = tile * BN + (threadIdx.x >> 5) * kRun;
-      run_page = first < hi && first + kRun > lo ? __ldg(pages + col) : 0;
+#pragma unroll
+      for (int q = 0; q < kRunPages; ++q) {
+        const int b = first + q * args.page_size, e = min(b + args.page_size, first + kRun);
+        run_page[q] = b < e && b < hi && e > lo ? __ldg(pages + col + q) : 0;
+      }
     }
   }
 
@@ -126,13 +132,23 @@ struct PagedTileLoader {
     constexpr int64_t es = sizeof(KV);
     const int sub = row0 - (threadIdx.x >> 5) * kRun;  // row within the run's first pass
     const int64_t t0 = tk + sub;
-    const char* kp = k + (run_page * args.k_page_stride + t0 * args.k_token_stride) * es;
-    const char* vp = v + (run_page * args.v_page_stride + t0 * args.v_token_stride) * es;
+    const char* kp = k + (run_page[0] * args.k_page_stride + t0 * args.k_token_stride) * es;
+    const char* vp = v + (run_page[0] * args.v_page_stride + t0 * args.v_token_stride) * es;
     const int64_t k_step = kRowsPerPass * args.k_token_stride * es;
     const int64_t v_step = kRowsPerPass * args.v_token_stride * es;
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const int r = row0 + i * kRowsPerPass;
+      if constexpr (kRunPages > 1) {
+        // Page q starts at run row q * P (tk is 0 when pages are shorter than the run).
+#pragma unroll
+        for (int q = 1; q < kRunPages; ++q) {
+          if (i * kRowsPerPass == q * args.page_size) {
+            kp = k + (run_page[q] * args.k_page_stride + sub * args.k_token_stride) * es;
+            vp = v + (run_page[q] * args.v_page_stride + sub * args.v_token_stride) * es;
+          }
+        }
+      }
       const bool valid = !kCheck || in_range(tile * BN + r);
       const uint32_t off = swizzle_rows<kRawChunks>(r, chunk);
       cp_async_16(base + off, kp, valid);

@@ -169,68 +169,89 @@ __global__ void __launch_bounds__(Tr::kThreads) decode_kernel(const AttentionArg
   }
 }
 
-/// One warp per (query row, query head) of requests with more than one split. Same
-/// arithmetic as the direct epilogue: integer references make every weight
-/// exp2(m_s - M) an exact power of two, then finalize_softmax.
+/// One CTA per (query row, query head) of requests with more than one split. Thread
+/// (g, c) adds splits g, g + kGroups, ... of the 8 columns [8c, 8c + 8), several loads
+/// in flight (the partials' latency, not their bytes, bounds a merge of many splits);
+/// the kGroups sums are then added in group order. Integer references make every weight
+/// exp2(m_s - M) an exact power of two; then finalize_softmax as the direct epilogue.
 template <int D, class T>
 __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a) {
+  constexpr int kThreads = 128, kChunks = D / 8, kGroups = kThreads / kChunks, kUnroll = 4;
+  static_assert(DecodeSplitPolicy::kMaxCap <= kThreads, "one split's (m, l) per thread");
+  __shared__ float weight[kThreads];
+  __shared__ float red_m[kThreads / 32], red_l[kThreads / 32];
+  __shared__ float4 part[kGroups][kChunks][2];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode grid is done, its writes visible
 #endif
-  const int lane = threadIdx.x & 31;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
-  if (item >= static_cast<int64_t>(a.batch) * a.q_len_per_req * a.num_q_heads) return;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t item = blockIdx.x;  // qrow * Hq + head
   const int64_t qrow = item / a.num_q_heads;
   const int head = static_cast<int>(item % a.num_q_heads);
   const int b = static_cast<int>(qrow / a.q_len_per_req);
   const int count = decode_split(a, max(a.seq_lens[b], 0)).count;
   if (count <= 1) return;
 
-  // Lane l holds splits l, l + 32, ... (m, l) and their weights.
-  constexpr int kPerLane = DecodeSplitPolicy::kMaxCap / 32;
   const int64_t slot0 = item * a.max_splits;
-  float2 ml[kPerLane];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    const int s = 32 * k + lane;
-    ml[k] = s < count ? a.ws_ml[slot0 + s] : make_float2(-INFINITY, 0.0f);
-    mx = fmaxf(mx, ml[k].x);
-  }
+  const float2 ml = tid < count ? a.ws_ml[slot0 + tid] : make_float2(-INFINITY, 0.0f);
+  float mx = ml.x;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float w_lane[kPerLane], z_lane[kPerLane];
+  if (lane == 0) red_m[warp] = mx;
+  __syncthreads();
+  mx = fmaxf(fmaxf(red_m[0], red_m[1]), fmaxf(red_m[2], red_m[3]));
+  const float w = ml.x == -INFINITY ? 0.0f : fast_exp2(ml.x - mx);  // exact power of two
+  weight[tid] = w;
+  float z = ml.y * w;
 #pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    w_lane[k] = ml[k].x == -INFINITY ? 0.0f : fast_exp2(ml[k].x - mx);  // exact power of two
-    z_lane[k] = ml[k].y * w_lane[k];
-  }
-  // Summed in split order, as the warps are in the epilogue.
+  for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+  if (lane == 0) red_l[warp] = z;
+  __syncthreads();
+  const float l_sum = (red_l[0] + red_l[1]) + (red_l[2] + red_l[3]);
+
+  const int g = tid / kChunks, c = tid % kChunks;
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  float l_sum = 0.0f;
-  const bool active = lane < D / 8;
+  for (int s0 = g; s0 < count; s0 += kGroups * kUnroll) {
+    float4 x[kUnroll][2];
 #pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    for (int sl = 0; sl < 32 && 32 * k + sl < count; ++sl) {
-      const float w = __shfl_sync(0xffffffffu, w_lane[k], sl);
-      l_sum += __shfl_sync(0xffffffffu, z_lane[k], sl);
-      if (active && w > 0.0f) {
-        const float4* o = reinterpret_cast<const float4*>(a.ws_o + (slot0 + 32 * k + sl) * D + 8 * lane);
-        const float4 x = o[0], y = o[1];
-        acc[0] += w * x.x, acc[1] += w * x.y, acc[2] += w * x.z, acc[3] += w * x.w;
-        acc[4] += w * y.x, acc[5] += w * y.y, acc[6] += w * y.z, acc[7] += w * y.w;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int s = s0 + u * kGroups;
+      if (s < count) {
+        const float4* o = reinterpret_cast<const float4*>(a.ws_o + (slot0 + s) * D + 8 * c);
+        x[u][0] = o[0];
+        x[u][1] = o[1];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int s = s0 + u * kGroups;
+      const float ws = s < count ? weight[s] : 0.0f;
+      if (ws > 0.0f) {  // a split that saw no key adds nothing
+        acc[0] += ws * x[u][0].x, acc[1] += ws * x[u][0].y, acc[2] += ws * x[u][0].z, acc[3] += ws * x[u][0].w;
+        acc[4] += ws * x[u][1].x, acc[5] += ws * x[u][1].y, acc[6] += ws * x[u][1].z, acc[7] += ws * x[u][1].w;
       }
     }
   }
+  part[g][c][0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  part[g][c][1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  __syncthreads();
+
   float scale, lse;
   finalize_softmax(mx, l_sum, a.sinks != nullptr ? a.sinks[head] * kLog2e : -INFINITY, a.bmm2_scale, scale, lse);
-  if (active) {
+  if (tid < kChunks) {
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] *= scale;
+    for (int gg = 0; gg < kGroups; ++gg) {
+      const float4 p0 = part[gg][tid][0], p1 = part[gg][tid][1];
+      v[0] += p0.x, v[1] += p0.y, v[2] += p0.z, v[3] += p0.w;
+      v[4] += p1.x, v[5] += p1.y, v[6] += p1.z, v[7] += p1.w;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] *= scale;
     T* out = static_cast<T*>(a.out) + qrow * a.out_row_stride + head * a.out_head_stride;
-    *reinterpret_cast<uint4*>(out + 8 * lane) = pack8<T>(acc);
+    *reinterpret_cast<uint4*>(out + 8 * tid) = pack8<T>(v);
   }
-  if (lane == 0 && a.lse != nullptr) a.lse[qrow * a.lse_row_stride + head * a.lse_head_stride] = lse;
+  if (tid == 0 && a.lse != nullptr) a.lse[qrow * a.lse_row_stride + head * a.lse_head_stride] = lse;
 }
 
 /// Resident CTAs per SM of decode_kernel<Tr> on the current device, computed once per
@@ -283,7 +304,7 @@ void launch_decode_config(AttentionArgs a, int device, int sm_count, cudaStream_
   if (max_count > 1) {
     const int64_t rows = static_cast<int64_t>(a.batch) * a.q_len_per_req * a.num_q_heads;
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>((rows + 3) / 4));
+    cfg.gridDim = dim3(static_cast<unsigned>(rows));
     cfg.blockDim = dim3(128);
     cfg.stream = stream;
     cudaLaunchAttribute pdl[1];
