@@ -103,18 +103,22 @@ except Exception:
 count = collections.OrderedDict()
 for c in cases:
     suite = c.get("name", "?").split(".")[0]
+    # GTEST_SKIP: ctest writes status "notrun" with a <skipped> element; not a failure.
+    skipped = c.find("skipped") is not None or c.get("status") == "notrun"
     passed = c.get("status") == "run" and c.find("failure") is None
-    p, f = count.get(suite, (0, 0))
-    count[suite] = (p + passed, f + (not passed))
-for suite, (p, f) in count.items():
-    print(f"{suite}|{p}|{f}")
+    p, f, s = count.get(suite, (0, 0, 0))
+    count[suite] = (p + passed, f + (not passed and not skipped), s + (skipped and not passed))
+for suite, (p, f, s) in count.items():
+    print(f"{suite}|{p}|{f}|{s}")
 EOF
 )
   local total_p=0 total_f=0
-  while IFS='|' read -r suite p f; do
+  while IFS='|' read -r suite p f s; do
     [ -n "$suite" ] || continue
     total_p=$((total_p + p)); total_f=$((total_f + f))
-    if [ "$f" -eq 0 ]; then note "  $name/$suite" ok "$p passed"; else note "  $name/$suite" FAILED "$p passed, $f failed"; fi
+    local skips=""
+    [ "${s:-0}" -gt 0 ] && skips=", $s skipped"
+    if [ "$f" -eq 0 ]; then note "  $name/$suite" ok "$p passed$skips"; else note "  $name/$suite" FAILED "$p passed, $f failed$skips"; fi
   done <<<"$table"
   if [ $rc -eq 0 ] && [ $((total_p + total_f)) -gt 0 ]; then
     note "ctest -L $label ($name)" ok "$total_p passed in $(seconds_since "$t") s"
