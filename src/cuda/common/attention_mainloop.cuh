@@ -26,7 +26,8 @@
 
 namespace pagedmha::cuda {
 
-template <int D_, class T_, class KV_, int WM_, int MT_ = 1, int KW_ = 0, bool FoldScale_ = false>
+template <int D_, class T_, class KV_, int WM_, int MT_ = 1, int KW_ = 0, bool FoldScale_ = false,
+          int SmemKB_ = 110>
 struct AttentionTraits {
   static constexpr int D = D_;
   using T = T_;    // query / output / mma operand type (bf16 or fp16)
@@ -50,10 +51,10 @@ struct AttentionTraits {
 
   static constexpr int kQBytes = M * D * 2;
   static constexpr int kStageBytes = 2 * Loader::kTileBytes;  // K + V tiles in the cache dtype
-  // Stages: as many as fit ~110 KB (two CTAs per SM), 2..4 (2..8 for fp8, whose stages
-  // are half the size: the same bytes in flight take twice the stages).
+  // Stages: as many as fit SmemKB_ (110: two CTAs per SM), 2..4 (2..8 for fp8, whose
+  // stages are half the size: the same bytes in flight take twice the stages).
   static constexpr int kMaxStages = kFp8 ? 8 : 4;
-  static constexpr int kStagesFit = (110 * 1024 - kQBytes) / kStageBytes;
+  static constexpr int kStagesFit = (SmemKB_ * 1024 - kQBytes) / kStageBytes;
   static constexpr int kStages = kStagesFit < 2 ? 2 : (kStagesFit > kMaxStages ? kMaxStages : kStagesFit);
   static constexpr int kMainBytes = kQBytes + kStages * kStageBytes;
 

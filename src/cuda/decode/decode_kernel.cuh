@@ -285,7 +285,8 @@ template <int D, class T, class KV, int WM>
 using DecodeTraits = AttentionTraits<D, T, KV, WM, 1,
                                      WM == 1 && D * static_cast<int>(sizeof(KV)) <= 128 ? 32
                                      : WM == 4 && D == 256                               ? 16
-                                                                                         : 0>;
+                                                                                         : 0,
+                                     false, kDecodeSmemKB>;
 
 /// Launches attention and merge for one (head dim, T, KV, warp layout); `a` is complete
 /// except for the tile configuration chosen here.

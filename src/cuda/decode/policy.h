@@ -39,6 +39,14 @@ struct DecodeSplitPolicy {
   }
 };
 
+/// Shared memory budget of a decode CTA in KB (Q tile + K/V stages): 110 gives 3 stages
+/// of 32 KB and two CTAs per SM. PAGEDMHA_DECODE_SMEM_KB overrides it for experiments
+/// (docs/perf-notes.md).
+#ifndef PAGEDMHA_DECODE_SMEM_KB
+#define PAGEDMHA_DECODE_SMEM_KB 110
+#endif
+constexpr int kDecodeSmemKB = PAGEDMHA_DECODE_SMEM_KB;
+
 static_assert(DecodeSplitPolicy::make(128, 2, 8).split_keys == 1024, "llama3-8b: 32 splits of 1024 keys at 32k");
 static_assert(DecodeSplitPolicy::make(128, 2, 1).split_keys == 256 &&
                   DecodeSplitPolicy::make(128, 2, 1).max_splits == 128,
