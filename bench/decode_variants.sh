@@ -16,6 +16,7 @@ variants=("$@")
 deps=()
 [ -d .deps ] && deps=(-DPAGEDMHA_DEPS_DIR="$PWD/.deps")
 logs=()
+mkdir -p build
 for v in "${variants[@]}"; do
   name=${v%%:*} flags=${v#*:}
   build=build/decode-variant-$name
