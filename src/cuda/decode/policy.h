@@ -11,6 +11,11 @@
 
 namespace pagedmha::cuda {
 
+// Experiment override of kMinSplitBytes below (bench/decode_variants.sh).
+#ifndef PAGEDMHA_DECODE_MIN_SPLIT_KB
+#define PAGEDMHA_DECODE_MIN_SPLIT_KB 128
+#endif
+
 struct DecodeSplitPolicy {
   /// A long request (kFillKeys keys) alone should give about kFillItems work items:
   /// two resident CTAs on each of the H200's 132 SMs, so 1-2 requests fill the GPU.
@@ -21,7 +26,7 @@ struct DecodeSplitPolicy {
   /// K + V bytes of one split: at least 128 KB, so that its partials (G * n rows of
   /// (D + 2) fp32, written once and read by the merge) stay a few % of what it reads;
   /// at most 512 KB (1024 keys of bf16 D = 128: the size that balanced 16x8k..128x32k).
-  static constexpr int64_t kMinSplitBytes = int64_t{128} << 10;
+  static constexpr int64_t kMinSplitBytes = int64_t{PAGEDMHA_DECODE_MIN_SPLIT_KB} << 10;
   static constexpr int64_t kMaxSplitBytes = int64_t{512} << 10;
   /// Split cap per request: kFillItems / Hkv within [32, 128]. The workspace holds
   /// max_splits partials per query row and head, so it stays at rows * G * ~256 partials.
@@ -51,9 +56,11 @@ struct DecodeSplitPolicy {
 constexpr int kDecodeSmemKB = PAGEDMHA_DECODE_SMEM_KB;
 
 static_assert(DecodeSplitPolicy::make(128, 2, 8).split_keys == 1024, "llama3-8b: 32 splits of 1024 keys at 32k");
+#if PAGEDMHA_DECODE_MIN_SPLIT_KB == 128
 static_assert(DecodeSplitPolicy::make(128, 2, 1).split_keys == 256 &&
                   DecodeSplitPolicy::make(128, 2, 1).max_splits == 128,
               "one KV head: 128 splits of 256 keys at 32k");
+#endif
 
 /// Workspace layout of batch_decode (offsets from the 16-byte aligned base): fp32 O
 /// partials [rows * Hq, max_splits, D], then float2 (m, l) [rows * Hq, max_splits].
