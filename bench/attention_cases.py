@@ -167,7 +167,7 @@ def prefill_plan() -> List[Case]:
 
 
 def replay_plan() -> List[Case]:
-    """The shapes that dominate the trace replays (docs/perf-notes.md): Mooncake's 8k
+    """The shapes that dominate the trace replays (docs/perf-notes/replays.md): Mooncake's 8k
     prefill chunks over a cached prefix, full-head and one TP-8 rank, bf16 against fp8 KV;
     Azure's mixed-step chunk and decode batch."""
     cases: List[Case] = []

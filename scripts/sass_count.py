@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Counts the SASS instructions of the attention kernels' key-tile loop, by phase.
 
-A report for before / after comparisons (docs/perf-notes.md), not a check: the rules below
+A report for before / after comparisons (docs/perf-notes/decode.md), not a check: the rules below
 are simple and deterministic, not an exact attribution of every instruction.
 
 For every kernel whose mangled name matches --kernels (default: the decode kernels) in

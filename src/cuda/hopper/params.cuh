@@ -16,7 +16,7 @@ namespace pagedmha::cuda::sm90 {
 /// kv_tma_ok). Shifts where the page size is a power of two (every TMA layout up to a
 /// page of one tile, and the usual page sizes): the producer maps rows and boxes to pages
 /// for every tile, and a 32-bit division is a chain of ~20 dependent instructions (with
-/// them the producer warps were the kernel's limit: docs/perf-notes.md).
+/// them the producer warps were the kernel's limit: docs/perf-notes/prefill-sm90.md).
 struct PageGeometry {
   int page_size, page_shift;  // page_shift: log2(page_size), -1 when not a power of two
   int box_rows, box_shift;    // TMA boxes (box_rows 0 on the gather path)

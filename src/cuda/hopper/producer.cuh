@@ -142,7 +142,7 @@ struct Producer {
 
   /// Issuing a box costs a serial chain (elect a lane, move its coordinates to uniform
   /// registers, UTMALDG): one warp issuing every box of a tile was the producer's limit
-  /// (H200: a page-16 tile's 16 boxes took ~2,300 cycles; docs/perf-notes.md), so the
+  /// (H200: a page-16 tile's 16 boxes took ~2,300 cycles; docs/perf-notes/prefill-sm90.md), so the
   /// warps split the boxes: unit i of a tile (from the first overlapping [a, e)) belongs
   /// to lane i / kTmaWarps of warp i % kTmaWarps.
   static constexpr int kTmaWarps = 4;

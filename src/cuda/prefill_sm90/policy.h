@@ -60,7 +60,7 @@ struct PrefillPolicy {
   // Consumer warpgroups of 64 query rows each (wgmma's M): two (128 rows), three at
   // D = 64 (192 rows, FA3's shape there): a D = 64 tile's GEMMs take about as long as its
   // 128 x 128 exponentials on the MUFU unit, so a third warpgroup's softmax fills the
-  // tensor cores' idle time (docs/perf-notes.md). Only with TMA loads: the gather
+  // tensor cores' idle time (docs/perf-notes/prefill-sm90.md). Only with TMA loads: the gather
   // producer does not fit the 32 registers three consumer warpgroups leave it.
   static constexpr int kConsumerWarpgroups = D == 64 && KvTma && PAGEDMHA_SM90_WG3 ? 3 : 2;
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;  // arrivals on an empty barrier
@@ -87,13 +87,13 @@ struct PrefillPolicy {
   // Within a warpgroup, QK of tile j + 1 is issued before the softmax of tile j. Making
   // the warpgroups also take turns issuing (FA3's ping-pong, named barriers) costs 2-6%
   // here: without it every shape of bench/prefill_variants.sh was faster in two runs on
-  // the H200 (2026-12-02 runs 6 and 7, docs/perf-notes.md), so it is off by default and
+  // the H200 (2026-12-02 runs 6 and 7, docs/perf-notes/prefill-sm90.md), so it is off by default and
   // kept as an experiment.
   static constexpr bool kPingPong = PAGEDMHA_SM90_PINGPONG != 0;
   // The softmax's ex2 flushes subnormal results (ex2.approx.ftz): one MUFU.EX2 per
   // probability instead of MUFU plus a compare and two multiplies, which roughly halves
   // the softmax's instructions (the wgmma consumers' critical path between their GEMMs;
-  // docs/perf-notes.md). No split-KV here, so nothing is compared bitwise across key
+  // docs/perf-notes/prefill-sm90.md). No split-KV here, so nothing is compared bitwise across key
   // ranges. PAGEDMHA_SM90_FTZ=0 restores the plain ex2 (experiment).
   static constexpr bool kFtzExp2 = PAGEDMHA_SM90_FTZ != 0;
 
@@ -130,7 +130,7 @@ inline int gqa_pack(int group) {
 /// into two head groups (an even GQA group): the pair runs the same tokens of the same KV
 /// head, so each K / V box is loaded once and multicast to both, halving the L2 -> SM
 /// traffic and each CTA's box issues (H200, run 4 of 2026-12-02: clusters of one lose
-/// 10% at llama3-8b 1 x 16k page 16 and tie at D = 64; docs/perf-notes.md). Else one.
+/// 10% at llama3-8b 1 x 16k page 16 and tie at D = 64; docs/perf-notes/prefill-sm90.md). Else one.
 #ifndef PAGEDMHA_SM90_CLUSTER
 #define PAGEDMHA_SM90_CLUSTER 2
 #endif
@@ -184,7 +184,7 @@ struct PlanLayout {
 /// 16-bit stage) cannot keep up with D = 64's short tiles and the portable kernel, which
 /// converts fp8 fragments in registers, is faster (H200, same run, TFLOP/s sm90 /
 /// portable: gpt-oss 4x4k 134 / 172, 1x16k 141 / 184, one TP-8 rank 8k over 8k 126 / 158;
-/// at D = 128 213 / 196, at D = 256 215 / 150: docs/perf-notes.md).
+/// at D = 128 213 / 196, at D = 256 215 / 150: docs/perf-notes/prefill-sm90.md).
 inline bool sm90_preferred(int head_dim, bool fp8_kv) { return !(fp8_kv && head_dim == 64); }
 
 /// Cost buckets of the longest-first tile order (KV tiles a query tile reads; longer
