@@ -44,9 +44,12 @@ struct SoftmaxRows {
   /// exp2(s * scale - m_new); alpha: the factor the output accumulated so far must be
   /// multiplied by (exact: 0, 2^-k or 1). The wgmma consumers apply it once their P V of
   /// the previous tile has landed (rescale()); update() does both at once.
-  /// kLean (the Hopper consumers): the clamp of the exponent to <= 0, needed only when a
-  /// logit overflows to +inf (then the reference is FLT_MAX), runs only in warps where
-  /// that happened; below it the exponent is <= 0 up to one rounding of the product.
+  /// kLean: the clamp of the exponent to <= 0 runs only in warps where some reference
+  /// reaches 2^20 in magnitude (a logit overflowing to +inf gives FLT_MAX). Below that it
+  /// is not needed: with the scale folded, the reference is the ceiling of the rounded
+  /// product max(s) * scale, and the exact product the FFMA exponentiates exceeds it by
+  /// at most half an ulp of a number below 2^20, so every exponent is <= 2^-5 (P <= 1.03).
+  /// Above 2^20 that half ulp grows (256 at 2^32: exp2 overflows to inf).
   /// kFtz: fast_exp2_ftz for the probabilities and alpha (kernels whose results are not
   /// compared bitwise across key splits: a reference change can move a probability
   /// across 2^-126 and so flush it on one side only).
@@ -71,7 +74,8 @@ struct SoftmaxRows {
       alpha[h] = ex2(m[h] - ref[h]);  // exact: 0, 2^-k or 1 (ftz: 0 below 2^-126)
       m[h] = mx == -INFINITY ? -INFINITY : ref[h];
     }
-    const bool clamp = !kLean || __any_sync(0xffffffffu, ref[0] == FLT_MAX || ref[1] == FLT_MAX);
+    constexpr float kExactRef = 0x1p20f;  // see kLean above
+    const bool clamp = !kLean || __any_sync(0xffffffffu, fabsf(ref[0]) >= kExactRef || fabsf(ref[1]) >= kExactRef);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = 0.0f;

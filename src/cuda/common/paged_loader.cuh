@@ -1,10 +1,11 @@
 // Copies tiles of BN consecutive key positions of one KV head from a paged cache into
 // shared memory with 16-byte cp.async. Each token is addressed through the page table:
 // page_table[pos / P] * page_stride + (pos % P) * token_stride (64-bit), so any page
-// size and NHD / HND / interleaved layouts work. When the page size is a multiple of a
-// warp's run of keys (BN / 4: 16 for decode at page 16 or 64), each warp looks its page
-// up once per tile and steps its row addresses by additions; other page sizes take one
-// page id per row. Positions outside [lo, hi) are
+// size and NHD / HND / interleaved layouts work. Each warp copies a run of BN / 4
+// consecutive keys per tile (4 to 32 keys by configuration). When the page size is a
+// multiple of the run, or a 32-key run spans two 16-token pages, the warp looks each page
+// up once per tile and steps its row addresses by additions; other page sizes (1, 3, 8
+// with 16-key runs, 48, ...) take one page id per row. Positions outside [lo, hi) are
 // zero-filled without touching the page table or the cache. Tiles land swizzled in the
 // cache's own dtype: fp8 stays fp8 in shared memory (half the bytes per stage) and the
 // mainloop converts fragments in registers (fp8_fragments.cuh).
@@ -51,7 +52,7 @@ struct PagedTileLoader {
   static constexpr int kRows = kRun / kRowsPerPass;  // token rows each thread copies (K and V each)
   static constexpr int kTileBytes = BN * D * static_cast<int>(sizeof(KV));
   static_assert(kRawChunks <= 32 && 32 % kRawChunks == 0, "a token row within one warp pass");
-  static_assert(BN % kWarps == 0 && kRun % kRowsPerPass == 0, "tile split");
+  static_assert(BN % kWarps == 0 && kRun % kRowsPerPass == 0 && BN <= 0xffff, "tile split");
 
   const AttentionArgs& args;  // strides read from the kernel parameters: no registers held
   const char* k;
@@ -64,8 +65,9 @@ struct PagedTileLoader {
   // 32-key runs). The page column and in-page token of the run's first key for the next
   // tile are advanced by addition.
   static constexpr int kRunPages = kRun >= 32 ? kRun / 16 : 1;
-  bool run_path;
-  int col, tk, adv_col, adv_tk;
+  int col, tk;
+  // Per tile: (BN / P) << 16 | BN % P (both <= BN), -1 on the general path: one register.
+  int adv;
   int run_page[kRunPages];
 
   __device__ PagedTileLoader(const AttentionArgs& a, int kv_head, const int32_t* page_row, int key_lo, int key_hi,
@@ -78,23 +80,23 @@ struct PagedTileLoader {
     k = static_cast<const char*>(a.k) + kv_head * a.k_head_stride * es + chunk * 16;
     v = static_cast<const char*>(a.v) + kv_head * a.v_head_stride * es + chunk * 16;
     const int P = a.page_size;
-    run_path = P % kRun == 0 || (kRun % P == 0 && kRun / P <= kRunPages && P % kRowsPerPass == 0);
+    const bool run_path = P % kRun == 0 || (kRun % P == 0 && kRun / P <= kRunPages && P % kRowsPerPass == 0);
     // One division per work item; tiles then advance by BN keys.
     const int pos = first_tile * BN + warp * kRun;
     col = pos / P;
     tk = pos - col * P;
-    adv_col = BN / P;
-    adv_tk = BN - adv_col * P;
+    adv = run_path ? (BN / P) << 16 | (BN % P) : -1;
   }
 
   __device__ __forceinline__ bool in_range(int pos) const { return pos >= lo && pos < hi; }
+  __device__ __forceinline__ bool run_path() const { return adv >= 0; }
 
   /// Loads the run's page ids of `tile` into registers (issued early to hide their
   /// latency). Tiles must be fetched in order from `first_tile`, each once, before its
   /// issue(). The general path reads its page ids in issue(): holding one per row
   /// across the pipeline wait costs registers the D = 256 tiles do not have.
   __device__ __forceinline__ void fetch_pages(int tile) {
-    if (run_path) {
+    if (run_path()) {
       // A page's entry is read only when its part of the run meets [lo, hi).
       const int first = tile * BN + (threadIdx.x >> 5) * kRun;
 #pragma unroll
@@ -109,14 +111,14 @@ struct PagedTileLoader {
   __device__ __forceinline__ void issue(int tile, char* dst) {
     const uint32_t base = smem_addr(dst);
     const bool interior = tile * BN >= lo && tile * BN + BN <= hi;
-    if (run_path) {
+    if (run_path()) {
       if (interior) {
         issue_run<false>(tile, base);
       } else {
         issue_run<true>(tile, base);
       }
-      tk += adv_tk;
-      col += adv_col;
+      tk += adv & 0xffff;
+      col += adv >> 16;
       if (tk >= args.page_size) {
         tk -= args.page_size;
         ++col;

@@ -134,11 +134,16 @@ __device__ __forceinline__ void decode_item(const AttentionArgs& a, const Attent
   }
 }
 
+/// Bound on decode_kernel's static shared memory (req_prefix and warp_sums: 532 B, 640
+/// as ptxas lays it out), added to the dynamic bytes wherever they are checked.
+constexpr int kDecodeStaticSmemBound = 1024;
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads) decode_kernel(const AttentionArgs a) {
   extern __shared__ __align__(128) char smem_raw[];
   __shared__ int req_prefix[Tr::kThreads + 1];  // item prefix of the current 128 requests
   __shared__ int warp_sums[Tr::kThreads / 32];
+  static_assert(sizeof(req_prefix) + sizeof(warp_sums) <= kDecodeStaticSmemBound, "static shared memory");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the merge may start its CTAs
 #endif
@@ -254,6 +259,25 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a
   if (tid == 0 && a.lse != nullptr) a.lse[qrow * a.lse_row_stride + head * a.lse_head_stride] = lse;
 }
 
+/// Whether decode_merge_kernel<D, T> as loaded on `device` holds its griddepcontrol.wait,
+/// i.e. runs code generated for sm_90 or later (a build for 80;89 JIT-compiles its
+/// compute_89 PTX on a Hopper, without the wait): only then may it be a programmatic
+/// dependent launch. Read once per (instantiation, device).
+template <int D, class T>
+bool merge_waits_for_grid(int device) {
+  static std::atomic<int> cache[64];  // 0 unknown, 1 no, 2 yes
+  std::atomic<int>* slot = device >= 0 && device < 64 ? &cache[device] : nullptr;
+  if (slot != nullptr) {
+    const int v = slot->load(std::memory_order_relaxed);
+    if (v != 0) return v == 2;
+  }
+  cudaFuncAttributes attr{};
+  PAGEDMHA_CUDA_CHECK(cudaFuncGetAttributes(&attr, decode_merge_kernel<D, T>));
+  const bool yes = attr.ptxVersion >= 90 && compute_capability(device) >= 90;
+  if (slot != nullptr) slot->store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
+}
+
 /// Resident CTAs per SM of decode_kernel<Tr> on the current device, computed once per
 /// (instantiation, device), with its dynamic shared memory limit raised once, not per
 /// launch.
@@ -311,7 +335,7 @@ void launch_decode_config(AttentionArgs a, int device, int sm_count, cudaStream_
     cudaLaunchAttribute pdl[1];
     pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     pdl[0].val.programmaticStreamSerializationAllowed = 1;
-    if (compute_capability(device) >= 90) {
+    if (merge_waits_for_grid<D, T>(device)) {
       cfg.attrs = pdl;
       cfg.numAttrs = 1;
     }
@@ -325,8 +349,10 @@ void launch_decode_config(AttentionArgs a, int device, int sm_count, cudaStream_
 /// more work items), which fit every supported GPU.
 template <int D, class T, class KV>
 void launch_decode(const AttentionArgs& a, int device, int sm_count, cudaStream_t stream) {
-  static_assert(DecodeTraits<D, T, KV, 4>::kSmemBytes <= kSm89SmemPerBlock, "64-row decode tiles fit sm_89");
-  if (a.group * a.q_len_per_req <= 16 && DecodeTraits<D, T, KV, 1>::kSmemBytes <= max_smem_per_block(device)) {
+  static_assert(DecodeTraits<D, T, KV, 4>::kSmemBytes + kDecodeStaticSmemBound <= kSm89SmemPerBlock,
+                "64-row decode tiles fit sm_89");
+  if (a.group * a.q_len_per_req <= 16 &&
+      DecodeTraits<D, T, KV, 1>::kSmemBytes + kDecodeStaticSmemBound <= max_smem_per_block(device)) {
     launch_decode_config<D, T, KV, 1>(a, device, sm_count, stream);
   } else {
     launch_decode_config<D, T, KV, 4>(a, device, sm_count, stream);

@@ -29,7 +29,8 @@ struct DecodeSplitPolicy {
   static constexpr int64_t kMinSplitBytes = int64_t{PAGEDMHA_DECODE_MIN_SPLIT_KB} << 10;
   static constexpr int64_t kMaxSplitBytes = int64_t{512} << 10;
   /// Split cap per request: kFillItems / Hkv within [32, 128]. The workspace holds
-  /// max_splits partials per query row and head, so it stays at rows * G * ~256 partials.
+  /// max_splits partials per query row and head: rows * Hq * cap, from rows * G * 128
+  /// (one KV head) to rows * G * 32 * Hkv (8 or more KV heads).
   static constexpr int kMinCap = 32, kMaxCap = 128;
 
   int split_keys;  // keys per split when the count follows the length

@@ -1,0 +1,149 @@
+// batch_decode's loader, split and merge paths (src/cuda/common/paged_loader.cuh,
+// src/cuda/decode/policy.h) against the fp64 oracle, plus finite but huge logits in both
+// ops. Each case names the path it reaches:
+// - the loader's run path: one page id per warp run when page_size is a multiple of the
+//   run (BN / 4 keys), or a 32-key run spans two 16-token pages (D = 64, fp8 D <= 128);
+//   other page sizes (8 with 16-key runs, 48) take one page id per row;
+// - runs that start mid-request: splits and sliding windows;
+// - more than 32 splits, merged by several passes of the merge CTA's split lanes;
+// - batches past one 128-request chunk of the in-kernel item scan, with row chunks.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "gpu/ops/harness.h"
+
+namespace gpu_test {
+namespace {
+
+// fp8 KV at page 16: a 32-key run covers two pages (D = 64 and 128), split and windowed.
+TEST(GpuDecodePaths, Fp8TwoPageRunsWithSplitsAndWindows) {
+  REQUIRE_GPU();
+  int i = 0;
+  for (int D : {64, 128}) {
+    for (int W : {-1, 200}) {
+      AttnCase c = gpu_case();
+      c.D = D;
+      c.kv_dtype = DType::fp8_e4m3;
+      c.k_scale = 0.05, c.v_scale = 0.03;
+      c.window_left = W;
+      c.release_window_pages = W >= 0;
+      c.kv_lens = {4097, 1500, 33, 16, 17};
+      c.seed = 1100 + i++;
+      check_case(c);     // splits from the lengths
+      check_case(c, 5);  // forced: splits start on tiles inside the request
+    }
+  }
+}
+
+// Page sizes no other suite uses: 8 (the general path for 16-key runs; the run path for
+// the 4-key runs of 64-row tiles at D = 256, q_len 5) and 48 (runs start mid-page;
+// column and offset step together).
+TEST(GpuDecodePaths, PageSizes8And48) {
+  REQUIRE_GPU();
+  int i = 0;
+  for (int P : {8, 48}) {
+    for (int D : {64, 128, 256}) {
+      for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+        AttnCase c = gpu_case();
+        c.D = D;
+        c.page_size = P;
+        c.kv_dtype = kv;
+        if (kv == DType::fp8_e4m3) c.k_scale = 0.05, c.v_scale = 0.03;
+        c.window_left = i % 3 == 2 ? 100 : -1;
+        c.release_window_pages = c.window_left >= 0;
+        c.q_len_per_req = i % 2 ? 5 : 1;  // G * 5 = 20 rows: 64-row tiles
+        c.kv_lens = {1000, 97, 48, 8, 2 * P + 5};
+        c.seed = 1200 + i++;
+        check_case(c);
+      }
+    }
+  }
+}
+
+// More than 32 splits at every head dim (several passes of the merge's split lanes:
+// 16, 8 and 4 lanes per column chunk at D = 64, 128, 256), forced and from the lengths of
+// one-KV-head requests (up to 128 splits), each within an ulp of one split.
+TEST(GpuDecodePaths, ManySplitsEveryHeadDim) {
+  REQUIRE_GPU();
+  int i = 0;
+  for (int D : {64, 128, 256}) {
+    AttnCase c = gpu_case();
+    c.D = D;
+    c.Hq = 8, c.Hkv = 1;
+    c.kv_lens = {9000, 4097, 300};
+    c.sinks = SinkMode::custom;
+    c.custom_sinks = {0.5, 2.0, -1.0, 3.0, 0.0, 1.0, -2.0, 4.0};
+    c.seed = 1300 + i++;
+    check_split_counts(c, {0, 40, 100, 128});
+  }
+}
+
+// 160 requests (two chunks of the in-kernel scan) of 96 packed rows (G 32 x q_len 3: two
+// 64-row chunks per KV head), lengths from 1 to 1200 with splits from the lengths, and
+// some requests of length 0.
+TEST(GpuDecodePaths, BatchPastOneScanChunkWithRowChunks) {
+  REQUIRE_GPU();
+  AttnCase c = gpu_case();
+  c.Hq = 32, c.Hkv = 1, c.D = 64;
+  c.q_len_per_req = 3;
+  std::mt19937_64 rng(1400);
+  for (int b = 0; b < 160; ++b) c.kv_lens.push_back(b % 17 == 0 ? 0 : 3 + static_cast<int>(rng() % 1198));
+  c.seed = 1400;
+  check_case(c);
+  check_case(c, 3);
+}
+
+// Finite logits near 2^32 (log2 units): the rounded product max(q.k) * scale may sit half
+// an ulp (256) below the exact product the softmax exponentiates. Without the clamp an
+// exponent of up to +256 gives exp2 = inf and NaN rows (fp16 P overflows from 2^16).
+// q and K hold integers in [-2, 2], so every q.k is exact in fp32 and in the oracle and
+// distinct logits are at least scale apart: the softmax is one-hot on each row's largest
+// logit (shared equally on exact ties), in both. lse (~1e10) keeps the default 1e-6
+// relative bound, well above the fp32 rounding of such a logit.
+void check_huge_logits(AttnCase c) {
+  c.sm_scale = 2e8;
+  c.k_scale = 1.0;
+  c.name = "huge finite logits " + describe(c);
+  const AttnProblem p = build(c);
+  std::mt19937_64 rng(c.seed);
+  const auto pick = [&] { return static_cast<double>(static_cast<int>(rng() % 5) - 2); };
+  for (int64_t r = 0; r < p.q.shape[0]; ++r)
+    for (int64_t h = 0; h < c.Hq; ++h)
+      for (int64_t d = 0; d < c.D; ++d) p.q.set({r, h, d}, pick());
+  const oracle::Format f = format_of(p.kv.dtype);
+  for (int64_t s = 0; s < p.kv.num_pages * p.kv.page_size; ++s)
+    for (int h = 0; h < c.Hkv; ++h)
+      for (int d = 0; d < c.D; ++d) oracle::store(f, pick(), p.kv.kp(s, h, d));
+  const Reference ref = p.reference(/*from_cache=*/true);
+  try {
+    run_gpu(p);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << c.name << ": " << e.what();
+    return;
+  }
+  EXPECT_TRUE(check_attention(p, ref)) << c.name;
+}
+
+TEST(GpuDecodePaths, HugeFiniteLogitsStayExact) {
+  REQUIRE_GPU();
+  int i = 0;
+  for (bool decode : {false, true}) {
+    for (DType q : {DType::bf16, DType::fp16}) {
+      for (DType kv : {q, DType::fp8_e4m3}) {
+        for (int D : {64, 128}) {
+          AttnCase c = gpu_case(decode);
+          c.Hq = 2, c.Hkv = 1, c.D = D;
+          c.q_dtype = q, c.kv_dtype = kv;
+          c.kv_lens = {300, 1000};
+          if (!decode) c.q_lens = {300, 100};
+          c.seed = 1500 + i++;
+          check_huge_logits(c);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gpu_test
