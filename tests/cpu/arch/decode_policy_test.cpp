@@ -1,0 +1,69 @@
+// The decode split policy (src/cuda/decode/policy.h, plain C++): keys per split, the
+// split cap and the workspace layout, against values worked out by hand from the rules
+// stated there and in include/pagedmha/ops.h (batch_decode's num_splits and
+// decode_workspace_size).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/decode/policy.h"
+
+namespace {
+
+using pagedmha::cuda::DecodeSplitPolicy;
+using pagedmha::cuda::DecodeWorkspaceLayout;
+
+// split_keys = clamp(32768 * Hkv / 256, 128 KB / key bytes, 512 KB / key bytes) with key
+// bytes = 2 * D * element size (K + V); cap = clamp(256 / Hkv, 32, 128).
+TEST(DecodePolicy, SplitKeysByHeadDimDtypeAndKvHeads) {
+  struct Row {
+    int d, elem, hkv, keys, cap;
+  };
+  const Row rows[] = {
+      {128, 2, 8, 1024, 32},  // llama3-8b: 1024 in [256, 1024]
+      {64, 2, 8, 1024, 32},   // gpt-oss: 1024 in [512, 2048]
+      {64, 1, 8, 1024, 32},   // gpt-oss fp8: 1024 in [1024, 4096]
+      {256, 2, 8, 512, 32},   // gemma (Hkv 8): 1024 clamped to 512 KB / 1 KB
+      {128, 2, 1, 256, 128},  // llama3-70b TP-8 rank: 128 raised to 128 KB / 512 B
+      {64, 2, 1, 512, 128},   // gpt-oss TP-8 rank: 128 raised to 512
+      {128, 1, 1, 512, 128},  // fp8 TP-8 rank: 128 raised to 512
+      {128, 2, 4, 512, 64},   // qwen2.5-7b: 512 in [256, 1024]
+      {128, 2, 2, 256, 128},  // 256 in [256, 1024]; cap 256 / 2 = 128
+      {128, 2, 16, 1024, 32}, // 2048 clamped to 1024; cap 16 raised to 32
+      {256, 1, 32, 1024, 32}, // 4096 clamped to 512 KB / 512 B = 1024
+  };
+  for (const Row& r : rows) {
+    const DecodeSplitPolicy p = DecodeSplitPolicy::make(r.d, r.elem, r.hkv);
+    EXPECT_EQ(p.split_keys, r.keys) << "D " << r.d << " elem " << r.elem << " Hkv " << r.hkv;
+    EXPECT_EQ(p.max_splits, r.cap) << "D " << r.d << " elem " << r.elem << " Hkv " << r.hkv;
+  }
+}
+
+// A 32k request alone gives at least 128 work items (one per H200 SM and more) with 8
+// KV heads (256) and with one (the cap, 128): the reason for the policy.
+TEST(DecodePolicy, OneLongRequestFillsTheGpu) {
+  for (int hkv : {8, 1}) {
+    const DecodeSplitPolicy p = DecodeSplitPolicy::make(128, 2, hkv);
+    const int splits = std::min((32768 + p.split_keys - 1) / p.split_keys, p.max_splits);
+    EXPECT_GE(hkv * splits, 128) << "Hkv " << hkv;
+  }
+}
+
+// ops.h: batch * q_len_per_req * num_q_heads * C * (head_dim + 2) * 4 bytes (+ 16 of
+// alignment slack, added by decode_workspace_size).
+TEST(DecodePolicy, WorkspaceLayoutMatchesTheDocumentedFormula) {
+  for (int hkv : {1, 2, 8}) {
+    for (int d : {64, 128, 256}) {
+      const int64_t batch = 37, q_len = 3, hq = 8 * hkv;
+      const int cap = DecodeSplitPolicy::make(d, 2, hkv).max_splits;
+      const DecodeWorkspaceLayout l(batch * q_len, static_cast<int>(hq), d, cap);
+      const std::size_t slots = static_cast<std::size_t>(batch * q_len * hq * cap);
+      EXPECT_EQ(l.total, slots * (d + 2) * 4) << "Hkv " << hkv << " D " << d;
+      EXPECT_EQ(l.ml, slots * d * 4);
+      EXPECT_EQ(l.ml % DecodeWorkspaceLayout::kAlign, 0u) << "(m, l) start 16-byte aligned";
+    }
+  }
+}
+
+}  // namespace
