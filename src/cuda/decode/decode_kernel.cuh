@@ -12,8 +12,9 @@
 //      loops over its items; a single-split request writes its output directly, others
 //      write unnormalised partials (O, m, l) into the workspace;
 //   2. decode_merge_kernel: combines the partials of split requests, the sink counted
-//      once, empty splits skipped. On sm_90 it is a programmatic dependent launch: its
-//      CTAs are resident before the decode grid ends and wait for it in griddepcontrol.
+//      once, empty splits skipped. Where its code is sm_90 or later it is a programmatic
+//      dependent launch: its CTAs are resident before the decode grid ends and wait for
+//      it in griddepcontrol (merge_waits_for_grid).
 #pragma once
 
 #include <cuda_runtime.h>
