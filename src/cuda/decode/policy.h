@@ -48,7 +48,7 @@ struct DecodeSplitPolicy {
 /// Shared memory budget of a decode CTA in KB (Q tile + K/V stages): 72 gives 2 stages
 /// of 32 KB and three CTAs per SM where the registers allow (bf16: ~167 per thread).
 /// Against 110 (3 stages, two CTAs per SM) it was within 0.5% or faster on 33 of the 42
-/// shapes of bench_attention.py --decode (gpt-oss +3-8%, gpt-oss fp8 +8-19%, page 1
+/// shapes of bench_attention.py --decode (gpt-oss +4-7% from 16x8k up, fp8 +8-19%, page 1
 /// +14%; at most 3% slower, llama3-70b-tp8 32x2k: bench/decode_variants.sh).
 /// PAGEDMHA_DECODE_SMEM_KB overrides it for experiments.
 #ifndef PAGEDMHA_DECODE_SMEM_KB
