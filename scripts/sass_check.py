@@ -21,7 +21,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sass_listing import demangle, dump_sass, kernels  # noqa: E402
+from sass_listing import demangle, matching_functions  # noqa: E402
 
 
 def max_reg(lines):
@@ -64,15 +64,12 @@ def main():
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
     args = ap.parse_args()
     rows, bad = [], 0
-    for f in args.files:
-        try:
-            sass = dump_sass(args.cuobjdump, f)
-        except RuntimeError as e:
-            print(f"sass_check: {e}", file=sys.stderr)
-            return 2
-        for name, lines in kernels(sass):
-            if re.search(args.kernels, name):
-                rows.append((name, analyse(lines)))
+    try:
+        for _, _, name, lines in matching_functions(args.cuobjdump, args.files, args.kernels):
+            rows.append((name, analyse(lines)))
+    except RuntimeError as e:
+        print(f"sass_check: {e}", file=sys.stderr)
+        return 2
     if not rows:
         print("sass_check: no kernel matched", args.kernels, file=sys.stderr)
         return 2

@@ -51,7 +51,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sass_listing import branch_target, demangle, dump_sass, functions, instructions  # noqa: E402
+from sass_listing import branch_target, demangle, instructions, matching_functions  # noqa: E402
 
 PHASES = ("loader", "qk", "softmax", "pv", "convert", "sync", "other")
 
@@ -199,16 +199,12 @@ def main():
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
     args = ap.parse_args()
 
-    found = []  # (file, arch, mangled name, Instructions)
-    for f in args.files:
-        try:
-            sass = dump_sass(args.cuobjdump, f)
-        except RuntimeError as e:
-            print(f"sass_count: {e}", file=sys.stderr)
-            return 2
-        for arch, name, lines in functions(sass):
-            if re.search(args.kernels, name) and (args.arch == "all" or arch == args.arch):
-                found.append((f, arch, name, instructions(lines)))
+    try:  # (file, arch, mangled name, Instructions)
+        found = [(f, arch, name, instructions(lines))
+                 for f, arch, name, lines in matching_functions(args.cuobjdump, args.files, args.kernels, args.arch)]
+    except RuntimeError as e:
+        print(f"sass_count: {e}", file=sys.stderr)
+        return 2
     if not found:
         print(f"sass_count: no kernel matched {args.kernels!r} in the {args.arch} code", file=sys.stderr)
         return 2

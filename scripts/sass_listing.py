@@ -43,12 +43,6 @@ def functions(sass: str):
         yield fn_arch, name, body
 
 
-def kernels(sass: str):
-    """(name, lines) per function, every arch."""
-    for _, name, lines in functions(sass):
-        yield name, lines
-
-
 def instructions(lines):
     """The Instructions of a function's lines, in address order (encoding lines skipped)."""
     out = []
@@ -76,6 +70,16 @@ def dump_sass(cuobjdump: str, path: str) -> str:
     if res.returncode != 0:
         raise RuntimeError(f"{cuobjdump} failed on {path}: {res.stderr.strip()[:200]}")
     return res.stdout
+
+
+def matching_functions(cuobjdump: str, paths, pattern: str, arch: str = "all"):
+    """(path, arch, name, lines) of every function whose mangled name matches the regex
+    `pattern`, in the `arch` code ("all": every arch) of each file; RuntimeError from
+    dump_sass."""
+    for path in paths:
+        for a, name, lines in functions(dump_sass(cuobjdump, path)):
+            if re.search(pattern, name) and (arch == "all" or a == arch):
+                yield path, a, name, lines
 
 
 def demangle(names):
