@@ -3,7 +3,6 @@
 replay plot (scripts/plot_replay.py).
 Standard library + pytest (the plot tests also need matplotlib): no torch, no GPU."""
 
-import importlib.util
 import itertools
 import json
 import sys
@@ -11,20 +10,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from script_module import REPO, load_script
 
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-M = _load("metrics", REPO / "bench" / "metrics.py")
-PT = _load("perf_tables", REPO / "scripts" / "perf_tables.py")
-BA = _load("bench_attention", REPO / "bench" / "bench_attention.py")
+M = load_script("metrics", REPO / "bench" / "metrics.py")
+PT = load_script("perf_tables", REPO / "scripts" / "perf_tables.py")
+BA = load_script("bench_attention", REPO / "bench" / "bench_attention.py")
 
 
 # --- Counting ---------------------------------------------------------------------------

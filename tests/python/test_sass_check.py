@@ -1,17 +1,14 @@
 """Tests of scripts/sass_check.py (the SASS gate of the Hopper kernels) on hand-written
 cuobjdump listings, through a stand-in cuobjdump: no GPU, no CUDA toolkit."""
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from script_module import REPO, load_script
+
 SCRIPT = REPO / "scripts" / "sass_check.py"
 
-spec = importlib.util.spec_from_file_location("sass_check", SCRIPT)
-SC = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(SC)
+SC = load_script("sass_check", SCRIPT)
 
 KERNEL = "_ZN8pagedmha4cuda4sm9014prefill_kernelINS1_13PrefillPolicyILi64ELb0ELb1EEE13__nv_bfloat16S5_EEvNS1_10Sm90ParamsE"
 

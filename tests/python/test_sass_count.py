@@ -1,22 +1,19 @@
 """Tests of scripts/sass_count.py (instructions of the decode kernels' key-tile loop per
 phase) on hand-written cuobjdump listings: no GPU, no CUDA toolkit."""
 
-import importlib.util
 import json
 import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
+
+from script_module import REPO, load_script
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "sass_count.py"
 
-spec = importlib.util.spec_from_file_location("sass_count", SCRIPT)
-SC = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(SC)
+SC = load_script("sass_count", SCRIPT)
 from sass_listing import instructions  # noqa: E402  (on sys.path through sass_count)
 
 # decode_kernel<AttentionTraits<128, __nv_bfloat16, __nv_bfloat16, 1, 1, 0, false>>: KW 16, BN 64.
