@@ -30,24 +30,17 @@ Forced forced() {
   return f;
 }
 
-constexpr int kMaxDevices = 64;
-
-// One attribute per device, read once (0 in the cache: not read yet, else value + 1).
-// Returns -1 when the runtime cannot read it, clearing that error so that no later launch
-// check reports it.
+// One attribute per device, read once. Returns -1 when the runtime cannot read it (then
+// read again next time), clearing that error so that no later launch check reports it.
 int device_attribute(std::atomic<int> (&cache)[kMaxDevices], int device_index, cudaDeviceAttr attr) {
-  const bool cached = device_index >= 0 && device_index < kMaxDevices;
-  if (cached) {
-    const int v = cache[device_index].load(std::memory_order_relaxed);
-    if (v > 0) return v - 1;
-  }
-  int v = 0;
-  if (cudaDeviceGetAttribute(&v, attr, device_index) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  if (cached) cache[device_index].store(v + 1, std::memory_order_relaxed);
-  return v;
+  return once_per_device(cache, device_index, [&] {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, attr, device_index) != cudaSuccess) {
+      cudaGetLastError();
+      return -1;
+    }
+    return v;
+  });
 }
 
 }  // namespace

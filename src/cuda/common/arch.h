@@ -2,9 +2,27 @@
 // Plain C++ (no CUDA headers): the front end (src/core) checks devices through it.
 #pragma once
 
+#include <atomic>
 #include <string_view>
 
 namespace pagedmha::cuda {
+
+constexpr int kMaxDevices = 64;
+
+/// compute() (an int >= -1) for `device`, computed once per device and kept in `cache`
+/// (0: not yet; else value + 1, so -1, "could not be read", is computed again). Devices
+/// past kMaxDevices are computed every time.
+template <class F>
+int once_per_device(std::atomic<int> (&cache)[kMaxDevices], int device, F compute) {
+  const bool cached = device >= 0 && device < kMaxDevices;
+  if (cached) {
+    const int v = cache[device].load(std::memory_order_relaxed);
+    if (v > 0) return v - 1;
+  }
+  const int v = compute();
+  if (cached) cache[device].store(v + 1, std::memory_order_relaxed);
+  return v;
+}
 
 enum class KernelPath {
   portable,  // mma.sync + cp.async (sm_80 and later)

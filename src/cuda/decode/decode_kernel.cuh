@@ -266,17 +266,12 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a
 /// dependent launch. Read once per (instantiation, device).
 template <int D, class T>
 bool merge_waits_for_grid(int device) {
-  static std::atomic<int> cache[64];  // 0 unknown, 1 no, 2 yes
-  std::atomic<int>* slot = device >= 0 && device < 64 ? &cache[device] : nullptr;
-  if (slot != nullptr) {
-    const int v = slot->load(std::memory_order_relaxed);
-    if (v != 0) return v == 2;
-  }
-  cudaFuncAttributes attr{};
-  PAGEDMHA_CUDA_CHECK(cudaFuncGetAttributes(&attr, decode_merge_kernel<D, T>));
-  const bool yes = attr.ptxVersion >= 90 && compute_capability(device) >= 90;
-  if (slot != nullptr) slot->store(yes ? 2 : 1, std::memory_order_relaxed);
-  return yes;
+  static std::atomic<int> cache[kMaxDevices];
+  return once_per_device(cache, device, [&] {
+           cudaFuncAttributes attr{};
+           PAGEDMHA_CUDA_CHECK(cudaFuncGetAttributes(&attr, decode_merge_kernel<D, T>));
+           return attr.ptxVersion >= 90 && compute_capability(device) >= 90 ? 1 : 0;
+         }) == 1;
 }
 
 /// Resident CTAs per SM of decode_kernel<Tr> on the current device, computed once per
@@ -284,20 +279,14 @@ bool merge_waits_for_grid(int device) {
 /// launch.
 template <class Tr>
 int resident_ctas_per_sm(int device) {
-  const auto kernel = decode_kernel<Tr>;
-  constexpr int threads = Tr::kThreads, smem_bytes = Tr::kSmemBytes;
-  static std::atomic<int> cache[64];
-  std::atomic<int>* slot = device >= 0 && device < 64 ? &cache[device] : nullptr;
-  if (slot != nullptr) {
-    const int v = slot->load(std::memory_order_relaxed);
-    if (v > 0) return v;
-  }
-  allow_dynamic_smem(kernel, smem_bytes);
-  int n = 0;
-  PAGEDMHA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes));
-  n = std::max(n, 1);
-  if (slot != nullptr) slot->store(n, std::memory_order_relaxed);
-  return n;
+  static std::atomic<int> cache[kMaxDevices];
+  return once_per_device(cache, device, [] {
+    const auto kernel = decode_kernel<Tr>;
+    allow_dynamic_smem(kernel, Tr::kSmemBytes);
+    int n = 0;
+    PAGEDMHA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Tr::kThreads, Tr::kSmemBytes));
+    return std::max(n, 1);
+  });
 }
 
 // Per-tile costs (barrier, Q fragment reloads, softmax and O rescale, page ids) do not

@@ -44,3 +44,33 @@ TEST(CudaArchs, AnyEntryCovers) {
 }
 
 }  // namespace
+
+namespace {
+
+// The per-device cache of device attributes, occupancy and kernel properties: computed
+// once per device; a -1 ("could not be read") is computed again; devices past the cache
+// every time.
+TEST(OncePerDevice, ComputesOncePerDeviceAndRetriesFailures) {
+  static std::atomic<int> cache[pagedmha::cuda::kMaxDevices];
+  int calls = 0;
+  const auto seven = [&] { return ++calls, 7; };
+  EXPECT_EQ(pagedmha::cuda::once_per_device(cache, 3, seven), 7);
+  EXPECT_EQ(pagedmha::cuda::once_per_device(cache, 3, seven), 7);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(pagedmha::cuda::once_per_device(cache, 4, [] { return 0; }), 0);
+  EXPECT_EQ(pagedmha::cuda::once_per_device(cache, 4, seven), 0) << "0 is a value, kept";
+  EXPECT_EQ(calls, 1);
+  int failures = 0;
+  const auto fail = [&] { return ++failures, -1; };
+  EXPECT_EQ(pagedmha::cuda::once_per_device(cache, 5, fail), -1);
+  EXPECT_EQ(pagedmha::cuda::once_per_device(cache, 5, fail), -1);
+  EXPECT_EQ(failures, 2);
+  for (int device : {-1, pagedmha::cuda::kMaxDevices}) {
+    calls = 0;
+    pagedmha::cuda::once_per_device(cache, device, seven);
+    pagedmha::cuda::once_per_device(cache, device, seven);
+    EXPECT_EQ(calls, 2) << "device " << device;
+  }
+}
+
+}  // namespace
