@@ -305,11 +305,11 @@ __device__ void attention_mainloop(const AttentionArgs& a, const AttentionSmem<T
       }
     }
 
-    // Lean (online_softmax.cuh) and ftz: decode's split results are compared within an
+    // ftz: decode's split results are compared within an
     // ulp, not bitwise, across split counts, and a request's split count never depends on
     // the batch (decode/policy.h); prefill does not split keys.
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) res.sm[mt].template update<KW / 8, D / 8, true, true>(s[mt], res.acc[mt], fold);
+    for (int mt = 0; mt < MT; ++mt) res.sm[mt].template update<KW / 8, D / 8, true>(s[mt], res.acc[mt], fold);
 
     // O += P V: P's C fragments are A fragments of the k16 steps over keys; each V
     // fragment feeds the warp's MT row tiles.

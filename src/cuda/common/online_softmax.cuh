@@ -44,16 +44,18 @@ struct SoftmaxRows {
   /// exp2(s * scale - m_new); alpha: the factor the output accumulated so far must be
   /// multiplied by (exact: 0, 2^-k or 1). The wgmma consumers apply it once their P V of
   /// the previous tile has landed (rescale()); update() does both at once.
-  /// kLean: the clamp of the exponent to <= 0 runs only in warps where some reference
-  /// reaches 2^20 in magnitude (a logit overflowing to +inf gives FLT_MAX). Below that it
-  /// is not needed: with the scale folded, the reference is the ceiling of the rounded
-  /// product max(s) * scale, and the exact product the FFMA exponentiates exceeds it by
-  /// at most half an ulp of a number below 2^20, so every exponent is <= 2^-5 (P <= 1.03).
-  /// Above 2^20 that half ulp grows (256 at 2^32: exp2 overflows to inf).
+  /// Warps where some reference reaches 2^20 in magnitude (a logit overflowing to +inf
+  /// gives FLT_MAX) round the product s * scale before subtracting the reference, and
+  /// clamp the exponent to <= 0. Below 2^20 the scale is folded into the FFMA: the
+  /// reference is the ceiling of the rounded product max(s) * scale, and the exact
+  /// product the FFMA exponentiates differs from the rounded one by at most half an ulp
+  /// of a number below 2^20, so every exponent is <= 2^-5 (P <= 1.03) and the largest
+  /// logit's P is within 2^-5 of 1. Above 2^20 that half ulp grows (256 at 2^32): exp2
+  /// would overflow to inf or flush the largest logit to 0.
   /// kFtz: fast_exp2_ftz for the probabilities and alpha (kernels whose results are not
   /// compared bitwise across key splits: a reference change can move a probability
   /// across 2^-126 and so flush it on one side only).
-  template <int NS, bool kLean = false, bool kFtz = false>
+  template <int NS, bool kFtz = false>
   __device__ __forceinline__ void step(float (&s)[NS][4], float scale, float (&alpha)[2]) {
     const auto ex2 = [](float x) { return kFtz ? fast_exp2_ftz(x) : fast_exp2(x); };
     float ref[2];
@@ -74,16 +76,19 @@ struct SoftmaxRows {
       alpha[h] = ex2(m[h] - ref[h]);  // exact: 0, 2^-k or 1 (ftz: 0 below 2^-126)
       m[h] = mx == -INFINITY ? -INFINITY : ref[h];
     }
-    constexpr float kExactRef = 0x1p20f;  // see kLean above
-    const bool clamp = !kLean || __any_sync(0xffffffffu, fabsf(ref[0]) >= kExactRef || fabsf(ref[1]) >= kExactRef);
+    constexpr float kExactRef = 0x1p20f;  // see above
+    const bool huge = __any_sync(0xffffffffu, fabsf(ref[0]) >= kExactRef || fabsf(ref[1]) >= kExactRef);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = 0.0f;
-      if (clamp) {
+      if (huge) {
+        // The product rounded first, as the reference was: the row's largest logit then
+        // gets exp2(0) = 1 exactly. The fused form's excess (up to half an ulp of the
+        // product: 2^13 at 2^37) would flush it to 0 as easily as overflow it.
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
-          s[i][2 * h] = ex2(fminf(fmaf(s[i][2 * h], scale, -ref[h]), 0.0f));
-          s[i][2 * h + 1] = ex2(fminf(fmaf(s[i][2 * h + 1], scale, -ref[h]), 0.0f));
+          s[i][2 * h] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][2 * h], scale), ref[h]), 0.0f));
+          s[i][2 * h + 1] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][2 * h + 1], scale), ref[h]), 0.0f));
           sum += s[i][2 * h] + s[i][2 * h + 1];
         }
       } else {
@@ -112,10 +117,10 @@ struct SoftmaxRows {
   }
 
   /// step() then rescale() (the mma.sync mainloop: its P V of the tile follows at once).
-  template <int NS, int ND, bool kLean = false, bool kFtz = false>
+  template <int NS, int ND, bool kFtz = false>
   __device__ __forceinline__ void update(float (&s)[NS][4], float (&acc)[ND][4], float scale = 1.0f) {
     float alpha[2];
-    step<NS, kLean, kFtz>(s, scale, alpha);
+    step<NS, kFtz>(s, scale, alpha);
     rescale(acc, alpha);
   }
 
