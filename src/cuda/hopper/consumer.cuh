@@ -2,7 +2,8 @@
 // runs S = Q K^T (wgmma, both operands in shared memory) and O += P V (wgmma, P from
 // registers) over the KV tiles, last first, with the online softmax in registers:
 //   * intra-warpgroup overlap: QK of tile j is issued together with P V of tile j - 1,
-//     and the softmax of tile j runs while that P V is in flight;
+//     and the softmax of tile j runs while that P V is in flight, across items too (the
+//     last P V of an item goes with the next item's first QK);
 //   * ping-pong: the warpgroups take turns issuing (named barriers), so one's softmax
 //     overlaps the others' GEMMs.
 // The Variant (mask, logits transform, finalisation) is a template parameter; tiles
@@ -89,16 +90,16 @@ struct Consumer {
     }
   }
   /// Q is this CTA's own.
-  __device__ void release_q() const {
-    if ((ltid & 31) == 0) arrive(sm.q_empty());
+  __device__ void release_q(int slot) const {
+    if ((ltid & 31) == 0) arrive(sm.q_empty(slot));
   }
 
-  __device__ void issue_qk(float (&s)[BN / 8][4], int slot) const {
+  __device__ void issue_qk(float (&s)[BN / 8][4], int slot, int q_slot) const {
     if constexpr (PAGEDMHA_SM90_DIAG >= 2) {
       cute::warpgroup_commit_batch();
       return;
     }
-    const uint32_t q = desc_lo_k_major(smem_addr(sm.q()) + wg * 64 * 128);
+    const uint32_t q = desc_lo_k_major(smem_addr(sm.q(q_slot)) + wg * 64 * 128);
     const uint32_t k = desc_lo_k_major(smem_addr(sm.k(slot)));
     fence_operand(s);
     cute::warpgroup_arrive();
@@ -128,9 +129,9 @@ struct Consumer {
   __device__ int row(int h) const { return wg * 64 + (ltid >> 5) * 16 + ((ltid & 31) >> 2) + 8 * h; }
   /// Its token in the tile (its head is head0 + row % pack), or -1 for a padding row.
   /// Recomputed where needed: no registers hold it across the KV tiles.
-  __device__ int row_token(const QueryTile& t, int h) const {
+  __device__ int row_token(int n_tok, int h) const {
     const int r = row(h);
-    return r < p.space.tokens * p.pack && r / p.pack < t.n_tok ? r / p.pack : -1;
+    return r < p.space.tokens * p.pack && r / p.pack < n_tok ? r / p.pack : -1;
   }
 
   /// Masks the keys of a boundary tile that a row does not see (every key for padding
@@ -140,7 +141,7 @@ struct Consumer {
     int lo[2], hi[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int tok = row_token(t, h);
+      const int tok = row_token(t.n_tok, h);
       narrow(p.space.mask.row(t.L, int64_t{t.p0} + tok), lo[h], hi[h]);
       if (tok < 0) lo[h] = hi[h] = 0;
     }
@@ -164,85 +165,138 @@ struct Consumer {
     }
   }
 
+  /// What the epilogue of an item needs once its tiles have run (the item whose last
+  /// P V is still in flight while the next item's first QK runs).
+  struct OutRows {
+    int q_row0, head0, n_tok;
+  };
+  __device__ static OutRows out_rows(const QueryTile& t) { return {t.q_row0, t.head0, t.n_tok}; }
+
+  /// One KV tile step: S = Q K^T of tile `tile` (the slot's Q), issued together with the
+  /// pending P V (`pv`: the previous tile's P, of this item or, for j = 0, of the item
+  /// before); the softmax of S runs while that P V is on the tensor cores. After it the
+  /// pending P V is complete (O and its V stage are free), S becomes the new pending P and
+  /// `on_pv` runs.
+  /// `pv` is a template parameter: ptxas tracks the wgmma accumulators only through
+  /// straight-line code, and a runtime branch around an issue makes it wait for every
+  /// HGMMA (scripts/sass_check.py: gsb0 on all of them).
+  template <bool pv, class OnPv>
+  __device__ __forceinline__ void kv_step(const Variant& var, float (&s)[BN / 8][4], uint32_t (&pa)[BN / 16][4],
+                                          float (&o)[D / 8][4], float (&alpha)[2], SoftmaxRows& smx,
+                                          const QueryTile& t, int tile, int q_slot, bool last, PipeState<S>& ks,
+                                          PipeState<S>& vs, OnPv on_pv) const {
+    wait(sm.k_full(ks.slot), ks.phase);
+    if constexpr (pv) wait(sm.v_full(vs.slot), vs.phase);
+    turn_wait();
+    issue_qk(s, ks.slot, q_slot);
+    if constexpr (pv) {
+      // O (P V through two tiles back, complete) takes the pending P's rescale while S is
+      // on the tensor cores; then the pending P V goes in behind it.
+      SoftmaxRows::rescale(o, alpha);
+      issue_pv(o, pa, vs.slot);
+    }
+    turn_pass();
+    if constexpr (pv) {
+      cute::warpgroup_wait<1>();  // S
+    } else {
+      cute::warpgroup_wait<0>();
+    }
+    fence_operand(s);
+    release(sm.k_empty(ks.slot));
+    ks.advance();
+    if (last) release_q(q_slot);
+    softmax(var, s, tile, t, smx, alpha);
+    if constexpr (pv) {
+      cute::warpgroup_wait<0>();  // the pending P V
+      fence_operand(o);
+      fence_operand(pa);
+      release(sm.v_empty(vs.slot));
+      vs.advance();
+      on_pv();
+    }
+    pack_p(pa, s);
+  }
+
+  /// The pending item's last P V and its epilogue, when no next QK goes with it.
+  __device__ void drain(const Variant& var, uint32_t (&pa)[BN / 16][4], float (&o)[D / 8][4],
+                        const float (&alpha)[2], SoftmaxRows& done, const OutRows& prev, PipeState<S>& vs) const {
+    wait(sm.v_full(vs.slot), vs.phase);
+    turn_wait();
+    SoftmaxRows::rescale(o, alpha);
+    issue_pv(o, pa, vs.slot);
+    turn_pass();
+    cute::warpgroup_wait<0>();
+    fence_operand(o);
+    fence_operand(pa);
+    release(sm.v_empty(vs.slot));
+    vs.advance();
+    epilogue(var, prev, o, done);
+  }
+
+  __device__ static void zero(float (&o)[D / 8][4]) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+    }
+  }
+
+  /// The items of the walk as one stream of KV tiles: the pipeline does not drain between
+  /// items. The last P V of an item goes in with the next item's first QK, and its
+  /// epilogue runs once that P V is done (short prompts have a few tiles per item: a
+  /// drained pipeline cost them a QK, a softmax and a P V of idle tensor cores each).
   __device__ void run() {
     const Variant var{p.a};
     PipeState<S> ks, vs;
-    uint32_t q_phase = 0;
+    PipeState<Pol::kQSlots> qs;
     if (Pol::kPingPong && wg == W - 1) named_arrive(kBarTurn0, 256);  // warpgroup 0 goes first
     float s[BN / 8][4];
     uint32_t pa[BN / 16][4];
+    float o[D / 8][4];
+    float alpha[2];
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[i][e] = 0.0f;
     }
+    zero(o);
     const Walk walk(p);
     cluster = p.cluster;
     peer = walk.rank ^ 1;
+    SoftmaxRows smx, done;  // the running item's rows; the pending item's
+    OutRows prev{};
+    bool pending = false;
     for (int item = walk.first; item < walk.total; item += walk.stride) {
       const QueryTile t = walk.tile(p, item);
-      float o[D / 8][4];
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
-      }
-      SoftmaxRows smx;
-      smx.init();
       const int n = t.keys.end - t.keys.begin;
-      if (n > 0) {
-        wait(sm.q_full(), q_phase);
-        q_phase ^= 1;
-        float alpha[2];
-        // Tile 0 (the last key tile): S alone. Loads are waited for before taking the
-        // turn, so a warpgroup never holds it while its data is in flight.
-        wait(sm.k_full(ks.slot), ks.phase);
-        turn_wait();
-        issue_qk(s, ks.slot);
-        turn_pass();
-        cute::warpgroup_wait<0>();
-        fence_operand(s);
-        release(sm.k_empty(ks.slot));
-        ks.advance();
-        if (n == 1) release_q();
-        softmax(var, s, t.keys.end - 1, t, smx, alpha);
-        pack_p(pa, s);
-        for (int j = 1; j < n; ++j) {
-          wait(sm.k_full(ks.slot), ks.phase);
-          wait(sm.v_full(vs.slot), vs.phase);
-          turn_wait();
-          issue_qk(s, ks.slot);
-          // O (P V through tile j - 2, complete) takes tile j - 1's rescale while S of
-          // tile j is on the tensor cores; then P V of tile j - 1 goes in behind it.
-          SoftmaxRows::rescale(o, alpha);
-          issue_pv(o, pa, vs.slot);
-          turn_pass();
-          cute::warpgroup_wait<1>();  // S of tile j
-          fence_operand(s);
-          release(sm.k_empty(ks.slot));
-          ks.advance();
-          if (j == n - 1) release_q();
-          softmax(var, s, t.keys.end - 1 - j, t, smx, alpha);
-          cute::warpgroup_wait<0>();  // P V of tile j - 1
-          fence_operand(o);
-          fence_operand(pa);
-          release(sm.v_empty(vs.slot));
-          vs.advance();
-          pack_p(pa, s);
-        }
-        wait(sm.v_full(vs.slot), vs.phase);
-        turn_wait();
-        SoftmaxRows::rescale(o, alpha);
-        issue_pv(o, pa, vs.slot);
-        turn_pass();
-        cute::warpgroup_wait<0>();
-        fence_operand(o);
-        fence_operand(pa);
-        release(sm.v_empty(vs.slot));
-        vs.advance();
+      smx.init();
+      if (n <= 0) {  // no key: o = 0 (and the sink alone decides the lse)
+        if (pending) drain(var, pa, o, alpha, done, prev, vs);
+        pending = false;
+        zero(o);
+        epilogue(var, out_rows(t), o, smx);
+        continue;
       }
-      epilogue(var, t, o, smx);
+      wait(sm.q_full(qs.slot), qs.phase);
+      // Tile 0 (the item's last key tile): with the pending item's last P V, whose
+      // epilogue then runs.
+      if (pending) {
+        kv_step<true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1, qs.slot, n == 1, ks, vs, [&] {
+          epilogue(var, prev, o, done);
+          zero(o);
+        });
+      } else {
+        kv_step<false>(var, s, pa, o, alpha, smx, t, t.keys.end - 1, qs.slot, n == 1, ks, vs, [] {});
+      }
+      for (int j = 1; j < n; ++j) {
+        kv_step<true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs, [] {});
+      }
+      qs.advance();
+      pending = true;
+      done = smx;
+      prev = out_rows(t);
     }
+    if (pending) drain(var, pa, o, alpha, done, prev, vs);
     if (Pol::kPingPong && wg == 0) named_sync(kBarTurn0, 256);  // the last warpgroup's last pass
   }
 
@@ -255,16 +309,16 @@ struct Consumer {
     const float fold = var.transform(s);
     const int key0 = tile * BN;
     if (!(key0 >= t.keys.common_lo && key0 + BN <= t.keys.common_hi)) mask(s, key0, t);
-    smx.template step<BN / 8, true, Pol::kFtzExp2>(s, fold, alpha);
+    smx.template step<BN / 8, Pol::kFtzExp2>(s, fold, alpha);
   }
 
   /// Direct output: o = acc * scale (sink counted once, empty rows 0), lse in natural log.
-  __device__ void epilogue(const Variant& var, const QueryTile& t, float (&o)[D / 8][4], SoftmaxRows& smx) const {
+  __device__ void epilogue(const Variant& var, const OutRows& t, const float (&o)[D / 8][4], SoftmaxRows& smx) const {
     smx.finish();
     const int t4 = ltid & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int tok = row_token(t, h);
+      const int tok = row_token(t.n_tok, h);
       if (tok < 0) continue;
       const int head = t.head0 + row(h) % p.pack;
       float scale, lse;

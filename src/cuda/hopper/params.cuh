@@ -71,7 +71,7 @@ struct Walk {
   }
 };
 
-/// Shared memory of one CTA, carved from a 1024-byte aligned base: Q, the K and V rings
+/// Shared memory of one CTA, carved from a 1024-byte aligned base: the Q slots, the K and V rings
 /// (16-bit, swizzled), the fp8 staging slots, then the mbarriers.
 template <class Pol>
 struct SmemLayout {
@@ -81,22 +81,24 @@ struct SmemLayout {
   __device__ explicit SmemLayout(char* raw)
       : base(reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023})) {}
 
-  __device__ char* q() const { return base; }
-  __device__ char* k(int s) const { return base + Pol::kQBytes + s * Pol::kTileBytes; }
-  __device__ char* v(int s) const { return base + Pol::kQBytes + (S + s) * Pol::kTileBytes; }
-  __device__ char* raw(int r) const { return base + Pol::kQBytes + 2 * S * Pol::kTileBytes + r * Pol::kRawBytes; }
+  static constexpr int QS = Pol::kQSlots;
+  static constexpr int kQAll = QS * Pol::kQBytes;
+
+  __device__ char* q(int s) const { return base + s * Pol::kQBytes; }
+  __device__ char* k(int s) const { return base + kQAll + s * Pol::kTileBytes; }
+  __device__ char* v(int s) const { return base + kQAll + (S + s) * Pol::kTileBytes; }
+  __device__ char* raw(int r) const { return base + kQAll + 2 * S * Pol::kTileBytes + r * Pol::kRawBytes; }
   __device__ uint64_t* bars() const {
-    return reinterpret_cast<uint64_t*>(base + Pol::kQBytes + 2 * S * Pol::kTileBytes +
-                                       Pol::kRawSlots * Pol::kRawBytes);
+    return reinterpret_cast<uint64_t*>(base + kQAll + 2 * S * Pol::kTileBytes + Pol::kRawSlots * Pol::kRawBytes);
   }
-  __device__ uint64_t* q_full() const { return bars(); }
-  __device__ uint64_t* q_empty() const { return bars() + 1; }
-  __device__ uint64_t* k_full(int s) const { return bars() + 2 + s; }
-  __device__ uint64_t* k_empty(int s) const { return bars() + 2 + S + s; }
-  __device__ uint64_t* v_full(int s) const { return bars() + 2 + 2 * S + s; }
-  __device__ uint64_t* v_empty(int s) const { return bars() + 2 + 3 * S + s; }
-  __device__ uint64_t* raw_full(int r) const { return bars() + 2 + 4 * S + r; }  // fp8 staging by TMA
-  static constexpr int kNumBars = 2 + 4 * S + Pol::kRawSlots;
+  __device__ uint64_t* q_full(int s) const { return bars() + s; }
+  __device__ uint64_t* q_empty(int s) const { return bars() + QS + s; }
+  __device__ uint64_t* k_full(int s) const { return bars() + 2 * QS + s; }
+  __device__ uint64_t* k_empty(int s) const { return bars() + 2 * QS + S + s; }
+  __device__ uint64_t* v_full(int s) const { return bars() + 2 * QS + 2 * S + s; }
+  __device__ uint64_t* v_empty(int s) const { return bars() + 2 * QS + 3 * S + s; }
+  __device__ uint64_t* raw_full(int r) const { return bars() + 2 * QS + 4 * S + r; }  // fp8 staging by TMA
+  static constexpr int kNumBars = 2 * QS + 4 * S + Pol::kRawSlots;
   static_assert(kNumBars * 8 <= Pol::kBarrierBytes, "barrier space");
 };
 

@@ -55,15 +55,15 @@ struct Producer {
   __device__ void run() {
     PipeState<S> ks, vs;
     PipeState<Pol::kRawSlots ? Pol::kRawSlots : 1> raw;  // fp8 staging slots (full barriers count TMA bytes)
-    uint32_t q_phase = 0;
+    PipeState<Pol::kQSlots> qs;
     const Walk walk(p);
     for (int item = walk.first; item < walk.total; item += walk.stride) {
       const QueryTile t = walk.tile(p, item);
       const int n = t.keys.end - t.keys.begin;
       if (n <= 0) continue;  // the consumers write zeros without reading anything
-      wait(sm.q_empty(), q_phase ^ 1);
-      load_q(t);
-      q_phase ^= 1;
+      wait(sm.q_empty(qs.slot), qs.phase ^ 1);
+      load_q(t, qs.slot);
+      qs.advance();
       const int32_t* pages = p.a.page_table + int64_t{t.b} * p.a.page_table_row_stride;
       if constexpr (kFp8) {
         convert_kv_all(t, pages, n, ks, vs, raw);
@@ -88,16 +88,18 @@ struct Producer {
 
   // ---- Q ---------------------------------------------------------------------------
 
-  __device__ void load_q(const QueryTile& t) {
+  __device__ void load_q(const QueryTile& t, int slot) {
     const int rows = p.space.tokens * p.pack;
+    char* const q_smem = sm.q(slot);
+    uint64_t* const full = sm.q_full(slot);
     if (p.tma_q) {
       if (tid == 0) {
-        expect_tx(sm.q_full(), static_cast<uint32_t>(rows * 128 * kPanels));
+        expect_tx(full, static_cast<uint32_t>(rows * 128 * kPanels));
 #pragma unroll
         for (int c = 0; c < kPanels; ++c) {
-          tma_load_3d(&p.tm_q, sm.q_full(), sm.q() + c * BM * 128, c * 64, t.head0, t.q_row0, kEvictFirst);
+          tma_load_3d(&p.tm_q, full, q_smem + c * BM * 128, c * 64, t.head0, t.q_row0, kEvictFirst);
         }
-        arrive(sm.q_full());
+        arrive(full);
       }
       return;
     }
@@ -115,9 +117,9 @@ struct Producer {
           src += (int64_t{t.q_row0 + tok} * p.a.q_row_stride + int64_t{t.head0 + r % p.pack} * p.a.q_head_stride) * 2 +
                  c * 16;
         }
-        cp_async_16(smem_addr(sm.q() + tile_offset(BM, r, c)), src, valid);
+        cp_async_16(smem_addr(q_smem + tile_offset(BM, r, c)), src, valid);
       }
-      cp_async_arrive(sm.q_full());
+      cp_async_arrive(full);
     } else {
       // fp8 e4m3 queries: 16 values per load, converted exactly to T.
 #pragma unroll 1
@@ -130,11 +132,11 @@ struct Producer {
               q + int64_t{t.q_row0 + tok} * p.a.q_row_stride + int64_t{t.head0 + r % p.pack} * p.a.q_head_stride + c * 16));
           fp8x16_to<T>(raw_q, out);
         }
-        *reinterpret_cast<uint4*>(sm.q() + tile_offset(BM, r, 2 * c)) = out[0];
-        *reinterpret_cast<uint4*>(sm.q() + tile_offset(BM, r, 2 * c + 1)) = out[1];
+        *reinterpret_cast<uint4*>(q_smem + tile_offset(BM, r, 2 * c)) = out[0];
+        *reinterpret_cast<uint4*>(q_smem + tile_offset(BM, r, 2 * c + 1)) = out[1];
       }
       fence_async_smem();
-      arrive(sm.q_full());
+      arrive(full);
     }
   }
 

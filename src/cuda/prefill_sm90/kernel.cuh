@@ -27,8 +27,10 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
     const uint32_t kv_arrivals = Pol::kKvTma && !Pol::kFp8Kv ? Producer<Pol, T, KV>::kTmaFullArrivals : 128;
     // Every consumer warp of every CTA the stages are multicast to.
     const uint32_t releases = Pol::kConsumerWarps * p.cluster;
-    Barrier::init(sm.q_full(), p.tma_q ? 1 : 128);
-    Barrier::init(sm.q_empty(), Pol::kConsumerWarps);
+    for (int s = 0; s < Pol::kQSlots; ++s) {
+      Barrier::init(sm.q_full(s), p.tma_q ? 1 : 128);
+      Barrier::init(sm.q_empty(s), Pol::kConsumerWarps);
+    }
     for (int s = 0; s < Pol::kStages; ++s) {
       Barrier::init(sm.k_full(s), kv_arrivals);
       Barrier::init(sm.v_full(s), kv_arrivals);

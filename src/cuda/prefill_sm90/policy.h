@@ -16,7 +16,8 @@
 // K / V, PAGEDMHA_SM90_WG3=0 two consumer warpgroups at D = 64 and
 // PAGEDMHA_SM90_WG3_PRODUCER_REGS=r the producer's registers with three,
 // PAGEDMHA_SM90_FP8_UNROLL=u the fp8 conversion loop's unroll, PAGEDMHA_SM90_FP8_BLOCK_N
-// and PAGEDMHA_SM90_FP8_RAW_SLOTS the fp8 tile's keys (D <= 128) and staging slots.
+// and PAGEDMHA_SM90_FP8_RAW_SLOTS the fp8 tile's keys (D <= 128) and staging slots,
+// PAGEDMHA_SM90_Q_SLOTS=k forces k query-tile buffers.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -46,6 +47,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_WG3_PRODUCER_REGS
 #define PAGEDMHA_SM90_WG3_PRODUCER_REGS 32
+#endif
+#ifndef PAGEDMHA_SM90_Q_SLOTS
+#define PAGEDMHA_SM90_Q_SLOTS 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -105,13 +109,23 @@ struct PrefillPolicy {
   // load latency of a tile (page-table read, then TMA from L2 or HBM, then the barrier
   // round trip through both CTAs of a cluster) spans more than one tile's compute, so
   // deeper rings keep the tensor cores fed (bench/prefill_variants.sh: stages-* rows).
-  static constexpr int kStagesFit =
-      (227 * 1024 - 1024 - kQBytes - kRawSlots * kRawBytes - kBarrierBytes) / (2 * kTileBytes);
+  static constexpr int stages_fit(int q_slots) {
+    return (227 * 1024 - 1024 - q_slots * kQBytes - kRawSlots * kRawBytes - kBarrierBytes) / (2 * kTileBytes);
+  }
   static constexpr int kStagesWanted = PAGEDMHA_SM90_STAGES > 0 ? PAGEDMHA_SM90_STAGES : 4;
-  static constexpr int kStages = kStagesWanted < kStagesFit ? kStagesWanted : kStagesFit;
+  static constexpr int stages(int q_slots) {
+    return kStagesWanted < stages_fit(q_slots) ? kStagesWanted : stages_fit(q_slots);
+  }
+  // Query-tile buffers: two where the second costs no K / V stage (D = 64), so the next
+  // item's Q lands while the current one runs and the consumers go from one item to the
+  // next without waiting for it (they already overlap the previous item's last P V and
+  // epilogue with the next item's first QK: consumer.cuh). One elsewhere: at D = 128 a
+  // second 32 KB buffer would take the third stage.
+  static constexpr int kQSlots = PAGEDMHA_SM90_Q_SLOTS > 0 ? PAGEDMHA_SM90_Q_SLOTS : (stages(2) == stages(1) ? 2 : 1);
+  static constexpr int kStages = stages(kQSlots);
   static_assert(kStages >= 2, "two stages at least");
-  static constexpr int kSmemBytes =
-      1024 /* alignment slack */ + kQBytes + 2 * kStages * kTileBytes + kRawSlots * kRawBytes + kBarrierBytes;
+  static constexpr int kSmemBytes = 1024 /* alignment slack */ + kQSlots * kQBytes + 2 * kStages * kTileBytes +
+                                    kRawSlots * kRawBytes + kBarrierBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
