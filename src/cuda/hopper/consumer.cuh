@@ -187,14 +187,13 @@ struct Consumer {
                                           PipeState<S>& vs, OnPv on_pv) const {
     wait(sm.k_full(ks.slot), ks.phase);
     if constexpr (pv) wait(sm.v_full(vs.slot), vs.phase);
+    // O (P V through two tiles back, complete) takes the pending P's rescale before S is
+    // issued (after it, ptxas cannot tell O from the in-flight S across the item loop and
+    // injects a wait: C7517); rare once the integer reference settles.
+    if constexpr (pv) SoftmaxRows::rescale(o, alpha);
     turn_wait();
     issue_qk(s, ks.slot, q_slot);
-    if constexpr (pv) {
-      // O (P V through two tiles back, complete) takes the pending P's rescale while S is
-      // on the tensor cores; then the pending P V goes in behind it.
-      SoftmaxRows::rescale(o, alpha);
-      issue_pv(o, pa, vs.slot);
-    }
+    if constexpr (pv) issue_pv(o, pa, vs.slot);
     turn_pass();
     if constexpr (pv) {
       cute::warpgroup_wait<1>();  // S
