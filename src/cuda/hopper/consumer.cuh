@@ -127,11 +127,14 @@ struct Consumer {
 
   /// Row h (0, 1) of the thread: row g + 8h of its warp's 16 in the warpgroup's 64.
   __device__ int row(int h) const { return wg * 64 + (ltid >> 5) * 16 + ((ltid & 31) >> 2) + 8 * h; }
-  /// Its token in the tile (its head is head0 + row % pack), or -1 for a padding row.
-  /// Recomputed where needed: no registers hold it across the KV tiles.
-  __device__ int row_token(int n_tok, int h) const {
+  /// Its token in the tile (row / pack; -1 for a padding row) and head offset (row %
+  /// pack: the head is head0 + it). Recomputed where needed: no registers hold them
+  /// across the KV tiles.
+  __device__ int row_token(int n_tok, int h, int& head_off) const {
     const int r = row(h);
-    return r < p.space.tokens * p.pack && r / p.pack < n_tok ? r / p.pack : -1;
+    int tok;
+    p.pack_div.fast_divmod(tok, head_off, r);
+    return r < p.space.tokens * p.pack && tok < n_tok ? tok : -1;
   }
 
   /// Masks the keys of a boundary tile that a row does not see (every key for padding
@@ -141,7 +144,8 @@ struct Consumer {
     int lo[2], hi[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int tok = row_token(t.n_tok, h);
+      int head_off;
+      const int tok = row_token(t.n_tok, h, head_off);
       narrow(p.space.mask.row(t.L, int64_t{t.p0} + tok), lo[h], hi[h]);
       if (tok < 0) lo[h] = hi[h] = 0;
     }
@@ -317,9 +321,10 @@ struct Consumer {
     const int t4 = ltid & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int tok = row_token(t.n_tok, h);
+      int head_off;
+      const int tok = row_token(t.n_tok, h, head_off);
       if (tok < 0) continue;
-      const int head = t.head0 + row(h) % p.pack;
+      const int head = t.head0 + head_off;
       float scale, lse;
       finalize_softmax(smx.m[h], smx.l[h], var.sink_log2(head), p.a.bmm2_scale, scale, lse);
       const int64_t q_row = int64_t{t.q_row0} + tok;

@@ -51,6 +51,8 @@ struct Sm90Params {
   const int* count;  // plan: number of list entries
   int pack;          // query heads per tile (GQA packing)
   int head_groups;   // group / pack
+  ItemDivisors item_div;        // of work-item indices (schedule.cuh)
+  cutlass::FastDivmod pack_div;  // a tile row -> (token, head offset)
   PageGeometry geo;  // K / V pages and TMA boxes
   int cluster;       // CTAs per cluster (1, or 2 sharing each K / V tile by TMA multicast)
   bool tma_q, tma_kv;  // Q / 16-bit K and V by TMA (else the cp.async gather)
@@ -67,7 +69,7 @@ struct Walk {
         rank(static_cast<int>(blockIdx.x) % p.cluster),
         total(num_items(*p.count, p.a.num_kv_heads, p.head_groups, p.cluster)) {}
   __device__ QueryTile tile(const Sm90Params& p, int item) const {
-    return query_tile(p.space, p.list, item, p.a.num_kv_heads, p.head_groups, p.a.group, p.pack, p.cluster, rank);
+    return query_tile(p.space, p.list, item, p.item_div, p.a.group, p.pack, p.cluster, rank);
   }
 };
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cub/block/block_scan.cuh>
+#include <cutlass/fast_math.h>
 
 #include <cstdint>
 
@@ -19,8 +20,9 @@ struct TileSpace {
   const int32_t* cu_seqlens_q;
   const int32_t* seq_lens;
   int batch;
-  int tokens;       // tokens per query tile
-  int block_n;      // keys per KV tile
+  int tokens;        // tokens per query tile
+  int block_n;       // keys per KV tile (a power of two)
+  int block_n_shift;  // log2(block_n)
   MaskVariant mask;
 };
 
@@ -63,8 +65,8 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int n, 
   if (k.span_hi <= k.span_lo) {
     k.begin = k.end = 0;
   } else {
-    k.begin = k.span_lo / s.block_n;
-    k.end = (k.span_hi + s.block_n - 1) / s.block_n;
+    k.begin = k.span_lo >> s.block_n_shift;  // keys are >= 0
+    k.end = (k.span_hi + s.block_n - 1) >> s.block_n_shift;
   }
   return k;
 }
@@ -160,21 +162,29 @@ __device__ __forceinline__ int num_items(int entries, int num_kv_heads, int head
   return entries * num_kv_heads * (head_groups / cluster);
 }
 
+/// The divisors of a work item's index: items per plan entry (Hkv * head_groups /
+/// cluster) and head groups per cluster (head_groups / cluster), as multiply-shift
+/// divisions (cutlass::FastDivmod, built on the host): both roles split every item, and
+/// a 32-bit division is a chain of ~20 dependent instructions.
+struct ItemDivisors {
+  cutlass::FastDivmod per_entry, groups;
+};
+
 /// Item `item`: entry item / (Hkv * head_groups / cluster) of the list; the KV head and
 /// the head group (of `pack` query heads; cluster rank `rank` takes the rank-th of the
 /// item's `cluster` consecutive groups) from the rest. The items of one entry are adjacent
 /// (equal cost).
-__device__ __forceinline__ QueryTile query_tile(const TileSpace& s, const int2* list, int item, int num_kv_heads,
-                                                int head_groups, int group, int pack, int cluster, int rank) {
-  const int groups = head_groups / cluster;
-  const int per = num_kv_heads * groups;
-  const int2 e = list[item / per];
-  const int r = item % per;
+__device__ __forceinline__ QueryTile query_tile(const TileSpace& s, const int2* list, int item, const ItemDivisors& div,
+                                                int group, int pack, int cluster, int rank) {
+  int entry, r, kv_head, g;
+  div.per_entry.fast_divmod(entry, r, item);
+  div.groups.fast_divmod(kv_head, g, r);
+  const int2 e = list[entry];
   QueryTile t;
   t.b = e.x;
   t.m = e.y;
-  t.kv_head = r / groups;
-  t.head0 = t.kv_head * group + ((r % groups) * cluster + rank) * pack;
+  t.kv_head = kv_head;
+  t.head0 = kv_head * group + (g * cluster + rank) * pack;
   const int q0 = s.cu_seqlens_q[t.b];
   const int n = s.cu_seqlens_q[t.b + 1] - q0;
   t.L = s.seq_lens[t.b] > 0 ? s.seq_lens[t.b] : 0;

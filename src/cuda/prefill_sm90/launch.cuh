@@ -70,7 +70,12 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   p.space.batch = prob.batch;
   p.space.tokens = tokens_per_tile(Pol::kBlockM, p.pack);
   p.space.block_n = Pol::kBlockN;
+  p.space.block_n_shift = PageGeometry::log2_exact(Pol::kBlockN);
+  static_assert((Pol::kBlockN & (Pol::kBlockN - 1)) == 0, "KV tiles of a power of two keys");
   p.space.mask = prob.mask();
+  p.item_div = {cutlass::FastDivmod(a.num_kv_heads * (p.head_groups / p.cluster)),
+                cutlass::FastDivmod(p.head_groups / p.cluster)};
+  p.pack_div = cutlass::FastDivmod(p.pack);
   char* ws = static_cast<char*>(prob.workspace);
   p.count = reinterpret_cast<const int*>(ws);
   p.list = reinterpret_cast<const int2*>(ws + PlanLayout::list_offset(prob.batch));
