@@ -321,22 +321,14 @@ struct Producer {
       wait(is_v ? sm.v_empty(slot) : sm.k_empty(slot), (is_v ? vs.phase : ks.phase) ^ 1);
       const char* src = sm.raw(raw.slot);
       char* dst = is_v ? sm.v(slot) : sm.k(slot);
-      // One 16-byte chunk c of the 16-bit row per thread and step (8 keys' worth of raw
-      // bytes): the 8 threads of a store phase write 8 chunks of one row and panel, which
-      // the swizzle puts on distinct banks; the 16 threads of a load phase read 128
-      // contiguous raw bytes. (Two chunks per thread, 2c and 2c + 1, put chunk 2c of
-      // panel 0 and of panel 1 in one phase: a 2-way conflict on every store.)
 #pragma unroll(Pol::kFp8ConvertUnroll)
-      for (int idx = tid; idx < BN * kChunks; idx += 128) {
-        const int r = idx / kChunks, c = idx % kChunks;
+      for (int idx = tid; idx < BN * (D / 16); idx += 128) {
+        const int r = idx / (D / 16), c = idx % (D / 16);
         const int pos = sp.key0 + r;
-        uint4 out = make_uint4(0, 0, 0, 0);
-        if (pos >= sp.a && pos < sp.e) {
-          const uint2 w = *reinterpret_cast<const uint2*>(src + r * D + c * 8);
-          fp8x4_to<T>(w.x, out.x, out.y);
-          fp8x4_to<T>(w.y, out.z, out.w);
-        }
-        *reinterpret_cast<uint4*>(dst + tile_offset(BN, r, c)) = out;
+        uint4 out[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        if (pos >= sp.a && pos < sp.e) fp8x16_cache_to<T>(*reinterpret_cast<const uint4*>(src + r * D + c * 16), out);
+        *reinterpret_cast<uint4*>(dst + tile_offset(BN, r, 2 * c)) = out[0];
+        *reinterpret_cast<uint4*>(dst + tile_offset(BN, r, 2 * c + 1)) = out[1];
       }
       fence_async_smem();
       arrive(is_v ? sm.v_full(slot) : sm.k_full(slot));

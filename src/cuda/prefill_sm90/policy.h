@@ -37,7 +37,7 @@
 #define PAGEDMHA_SM90_WG3 1
 #endif
 #ifndef PAGEDMHA_SM90_FP8_UNROLL
-#define PAGEDMHA_SM90_FP8_UNROLL 4
+#define PAGEDMHA_SM90_FP8_UNROLL 2
 #endif
 #ifndef PAGEDMHA_SM90_FP8_BLOCK_N
 #define PAGEDMHA_SM90_FP8_BLOCK_N 128
@@ -77,9 +77,7 @@ struct PrefillPolicy {
   // from into the 16-bit stages: 4 (3 tiles in flight while one converts: a tile's load
   // latency is ~3 conversions) where shared memory allows, 2 at D = 256.
   static constexpr int kRawSlots = Fp8Kv ? (D == 256 ? 2 : PAGEDMHA_SM90_FP8_RAW_SLOTS) : 0;
-  // 8-byte raw loads (one 16-bit chunk each) each producer thread converts at once (loads
-  // in flight per thread): 4, the 32 bytes that 2 x 16-byte loads had in flight before
-  // the conversion went chunk by chunk (4 x 16 bytes was 7% slower: perf-notes).
+  // 16-byte chunks each producer thread converts at once (loads in flight per thread).
   static constexpr int kFp8ConvertUnroll = PAGEDMHA_SM90_FP8_UNROLL;
   // setmaxnreg: 384 threads start with 168 registers (64K / 384, rounded down to 8);
   // the producer warpgroup gives some up and the consumers take them: 128 x 72 +
