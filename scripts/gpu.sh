@@ -69,6 +69,9 @@ if [ -f "$root/.deps/cutlass-include.tar.gz" ] && [ ! -d "$root/.deps/cutlass/in
   mkdir -p "$root/.deps/cutlass/include" && tar xzf "$root/.deps/cutlass-include.tar.gz" -C "$root/.deps/cutlass/include"
 fi
 t0=$(date +%s)
+# The Hopper objects are always recompiled, so that their ptxas messages (the SASS
+# check's C7517 test below) are in this run's build log, also on an incremental build.
+find "$build/src" -path '*prefill_sm90*' -name '*.o' -delete 2>/dev/null
 log "configure ($build)"
 if cmake --preset cuda "${deps[@]}" >"$out/configure.log" 2>&1; then
   log "build (-j$jobs)"
@@ -131,10 +134,10 @@ EOF
 if [ -d "$build" ]; then
   objs=$(find "$build/src" -path '*prefill_sm90*' -name '*.o' 2>/dev/null | sort)
   if [ -n "$objs" ]; then
-    # shellcheck disable=SC2086
     # ptxas warning C7517: it injected a warpgroup.wait (registers of an in-flight wgmma
     # used), which serializes that wgmma with what follows.
     injected=$(grep -c 'C7517' "$out/build.log" 2>/dev/null)
+    # shellcheck disable=SC2086
     if [ "${injected:-0}" -gt 0 ]; then
       note "sass check" FAILED "ptxas injected $injected warpgroup.wait (C7517), see build.log"
     elif python3 scripts/sass_check.py $objs >"$out/sass_check.log" 2>&1; then
