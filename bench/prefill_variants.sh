@@ -5,8 +5,12 @@
 # like CMake does: $CUTLASS_INCLUDE, .deps/cutlass/include, or pip's nvidia-cutlass) and
 # an H100 / H200. Writes bench/results/<gpu>-prefill-variants-<date>.json.
 #
-#   [SHAPES=0,3] bash bench/prefill_variants.sh ["name:-DFLAG=1 -DOTHER=2" ...]   (default: the set below;
-#   SHAPES: indices into the binary's shape list, default all)
+#   [SHAPES=0,3] [BASE=<commit or dir>] [ROUNDS=2] bash bench/prefill_variants.sh ["name:-DFLAG=1 -DOTHER=2" ...]
+#   (default variants: the set below; SHAPES: indices into the binary's shape list, default
+#   all; BASE: also build the same benchmark source against another tree's src/ and include/,
+#   variant "base" (a commit is exported with git archive; where .git does not travel, export
+#   it beforehand: git archive <commit> src include | tar x -C <dir>); ROUNDS: run the whole
+#   variant list that many times, interleaved, default 1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 inc=${CUTLASS_INCLUDE:-}
@@ -22,28 +26,47 @@ dir=build/variants
 mkdir -p "$dir"
 jsonl=$dir/records.jsonl
 : >"$jsonl"
-for v in "${variants[@]}"; do
-  name=${v%%:*} flags=${v#*:}
+here=$PWD
+# build NAME FLAGS [SOURCE TREE]: the benchmark source of this tree, against the kernels of
+# SOURCE TREE (default this one).
+build() {
   # shellcheck disable=SC2086
   # -DNDEBUG as in the library's Release build: CUTLASS's device asserts are calls, and a
   # call inside the wgmma pipeline makes ptxas serialize every wgmma (warning C7510).
-  nvcc -std=c++17 -O3 -DNDEBUG -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DPAGEDMHA_WITH_SM90=1 \
-    -Isrc -Iinclude -isystem "$inc" $flags bench/prefill_sm90_variants.cu src/cuda/common/attention_args.cu \
-    src/cuda/hopper/tensor_map.cu -o "$dir/$name" >"$dir/$name.build.log" 2>&1 &
+  (cd "${3:-$here}" && nvcc -std=c++17 -O3 -DNDEBUG -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+    -DPAGEDMHA_WITH_SM90=1 -Isrc -Iinclude -isystem "$inc" $2 "$here/bench/prefill_sm90_variants.cu" \
+    src/cuda/common/attention_args.cu src/cuda/hopper/tensor_map.cu -o "$here/$dir/$1") >"$dir/$1.build.log" 2>&1
+}
+names=()
+if [ -n "${BASE:-}" ]; then
+  base_src=$BASE
+  if [ ! -d "$base_src" ]; then
+    base_src=$dir/base-src
+    rm -rf "$base_src" && mkdir -p "$base_src"
+    git archive "$BASE" src include | tar x -C "$base_src" || { echo "prefill_variants: cannot export $BASE" >&2; exit 2; }
+  fi
+  base_src=$(cd "$base_src" && pwd)
+  build base "" "$base_src" &
+  names+=(base)
+fi
+for v in "${variants[@]}"; do
+  build "${v%%:*}" "${v#*:}" &
+  names+=("${v%%:*}")
 done
 wait
-for v in "${variants[@]}"; do
-  name=${v%%:*}
-  if [ -x "$dir/$name" ]; then
-    # shellcheck disable=SC2086
-    "$dir/$name" "$name" "$jsonl" ${SHAPES:-} || echo "$name: run failed"
-  else
-    echo "$name: build failed: $(grep -m1 error "$dir/$name.build.log")"
-  fi
+for _ in $(seq "${ROUNDS:-1}"); do
+  for name in "${names[@]}"; do
+    if [ -x "$dir/$name" ]; then
+      # shellcheck disable=SC2086
+      "$dir/$name" "$name" "$jsonl" ${SHAPES:-} || echo "$name: run failed"
+    else
+      echo "$name: build failed: $(grep -m1 error "$dir/$name.build.log")"
+    fi
+  done
 done
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 | tr 'A-Z ' 'a-z-' | sed 's/nvidia-//')
 out=bench/results/${gpu:-gpu}-prefill-variants-$(date +%Y%m%d).json
-python3 - "$jsonl" "$out" "bash bench/prefill_variants.sh $*" <<'PY'
+python3 - "$jsonl" "$out" "${BASE:+BASE=$BASE }${ROUNDS:+ROUNDS=$ROUNDS }${SHAPES:+SHAPES=$SHAPES }bash bench/prefill_variants.sh $*" <<'PY'
 import json, os, subprocess, sys, datetime
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 commit = os.environ.get("PAGEDMHA_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
