@@ -1,5 +1,6 @@
 """Loads one of the repository's scripts (scripts/, bench/) as a module for the tests."""
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,3 +15,18 @@ def load_script(name, path):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def run_with_listing(tmp_path, script, listing_text, *extra):
+    """Runs a SASS script (scripts/sass_check.py, sass_count.py) on an empty object file
+    through a stand-in cuobjdump that prints `listing_text`: (exit status, stdout, stderr)."""
+    sass = tmp_path / "listing.sass"
+    sass.write_text(listing_text)
+    fake = tmp_path / "cuobjdump"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.write(open({str(sass)!r}).read())\n")
+    fake.chmod(0o755)
+    obj = tmp_path / "kernel.o"
+    obj.write_bytes(b"")
+    res = subprocess.run([sys.executable, str(script), "--cuobjdump", str(fake), str(obj), *extra],
+                         capture_output=True, text=True)
+    return res.returncode, res.stdout, res.stderr

@@ -1,10 +1,7 @@
 """Tests of scripts/sass_check.py (the SASS gate of the Hopper kernels) on hand-written
 cuobjdump listings, through a stand-in cuobjdump: no GPU, no CUDA toolkit."""
 
-import subprocess
-import sys
-
-from script_module import REPO, load_script
+from script_module import REPO, load_script, run_with_listing
 
 SCRIPT = REPO / "scripts" / "sass_check.py"
 
@@ -20,16 +17,8 @@ def listing(body):
 
 
 def run(tmp_path, body):
-    sass = tmp_path / "listing.sass"
-    sass.write_text(listing(body))
-    fake = tmp_path / "cuobjdump"
-    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.write(open({str(sass)!r}).read())\n")
-    fake.chmod(0o755)
-    obj = tmp_path / "kernel.o"
-    obj.write_bytes(b"")
-    res = subprocess.run([sys.executable, str(SCRIPT), "--cuobjdump", str(fake), str(obj)],
-                         capture_output=True, text=True)
-    return res.returncode, res.stdout
+    rc, out, _ = run_with_listing(tmp_path, SCRIPT, listing(body))
+    return rc, out
 
 
 PIPELINED = [

@@ -4,10 +4,8 @@ phase) on hand-written cuobjdump listings: no GPU, no CUDA toolkit."""
 import json
 import re
 import shutil
-import subprocess
-import sys
 
-from script_module import REPO, load_script
+from script_module import REPO, load_script, run_with_listing
 
 import pytest
 
@@ -45,16 +43,8 @@ def listing(sections):
 
 
 def run(tmp_path, sections, *extra):
-    sass = tmp_path / "listing.sass"
-    sass.write_text(listing(sections))
-    fake = tmp_path / "cuobjdump"
-    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.write(open({str(sass)!r}).read())\n")
-    fake.chmod(0o755)
-    obj = tmp_path / "decode.o"
-    obj.write_bytes(b"")
-    res = subprocess.run([sys.executable, str(SCRIPT), "--cuobjdump", str(fake), str(obj), *extra],
-                         capture_output=True, text=True)
-    return res.returncode, res.stdout + res.stderr
+    rc, out, err = run_with_listing(tmp_path, SCRIPT, listing(sections), *extra)
+    return rc, out + err
 
 
 # A persistent work-item loop around a prologue copy, a key-tile loop (with a page walk
