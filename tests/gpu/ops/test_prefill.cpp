@@ -12,7 +12,9 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // (prefix, extend) pairs: no prefix, prefix mid-page, prefix on a page edge, empty
-// queries, an empty request, and more queries than keys (n > L: first queries see none).
+// queries, an empty request, and more queries than keys (n > L: first queries see none;
+// with 300 queries over 2 keys whole query tiles see no key, which the Hopper consumers
+// meet with the previous item's last P V still pending).
 AttnCase ragged(int P, uint64_t seed) {
   AttnCase c = gpu_case(/*decode=*/false);
   c.page_size = P;
@@ -24,6 +26,8 @@ AttnCase ragged(int P, uint64_t seed) {
   }
   c.kv_lens.push_back(3);  // n > L
   c.q_lens.push_back(9);
+  c.kv_lens.push_back(2);  // n >> L: query tiles without keys
+  c.q_lens.push_back(300);
   c.seed = seed;
   return c;
 }
