@@ -9,8 +9,11 @@ the given object files or executables (cuobjdump --dump-sass), it reports:
   * local-memory traffic (STL / LDL), split by role: the consumer warpgroups run the code
     before the producer's `USETMAXREG.DEALLOC`, the producer the code after it,
   * the highest register each role touches (against the setmaxnreg budgets).
-Exit status 1 when any kernel has no HGMMA, serialized HGMMAs or any STL / LDL, 2 when
-nothing matched.
+With --build-log, it also reads the compiler output of the build that made them and
+fails on ptxas warning C7517 (it injected a warpgroup.wait because registers of an
+in-flight wgmma were used: that wgmma is then serialized with what follows).
+Exit status 1 when any kernel has no HGMMA, serialized HGMMAs or any STL / LDL, or the
+build log has a C7517; 2 when nothing matched.
 
   python3 scripts/sass_check.py build/cuda/src/CMakeFiles/pagedmha.dir/cuda/prefill_sm90/*.o
 """
@@ -62,6 +65,7 @@ def main():
     ap.add_argument("files", nargs="+", help="object files or executables with sm_90a code")
     ap.add_argument("--kernels", default=r"sm90.*prefill_kernel", help="regex over mangled kernel names")
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
+    ap.add_argument("--build-log", help="compiler output of the build (ptxas C7517 fails the check)")
     args = ap.parse_args()
     rows, bad = [], 0
     try:
@@ -81,8 +85,14 @@ def main():
         bad += not ok
         print(f"{short(pretty):44} {a['hgmma']:6} {a['hgmma_gsb0']:5} {a['stl_ldl_consumer']:9} {a['stl_ldl_producer']:9} "
               f"{a['regs_consumer']:6} {a['regs_producer']:6} {a['instructions']:6}  {'ok' if ok else 'FAIL'}")
-    print(f"sass_check: {len(rows) - bad} of {len(rows)} kernels ok")
-    return 1 if bad else 0
+    injected = 0
+    if args.build_log:
+        with open(args.build_log, errors="replace") as f:
+            injected = sum(1 for line in f if "C7517" in line)
+        if injected:
+            print(f"sass_check: ptxas injected {injected} warpgroup.wait (C7517) in {args.build_log}")
+    print(f"sass_check: {len(rows) - bad} of {len(rows)} kernels ok" + (", C7517 in the build log" if injected else ""))
+    return 1 if bad or injected else 0
 
 
 if __name__ == "__main__":

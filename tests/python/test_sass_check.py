@@ -16,8 +16,8 @@ def listing(body):
     return "\n\tcode for sm_90a\n\t\tFunction : " + KERNEL + "\n" + "\n".join(lines) + "\n"
 
 
-def run(tmp_path, body):
-    rc, out, _ = run_with_listing(tmp_path, SCRIPT, listing(body))
+def run(tmp_path, body, *extra):
+    rc, out, _ = run_with_listing(tmp_path, SCRIPT, listing(body), *extra)
     return rc, out
 
 
@@ -40,6 +40,21 @@ def test_pipelined_kernel_passes(tmp_path):
     # 3 HGMMA, one of them waiting; consumer registers up to R30, producer up to R4.
     row = next(l for l in out.splitlines() if l.rstrip().endswith("ok") and "sass_check" not in l)
     assert row.split()[-8:-1] == ["3", "1", "0", "0", "31", "5", "8"]
+
+
+def test_injected_wgmma_wait_in_build_log_fails(tmp_path):
+    # SASS that passes, but ptxas said it injected a warpgroup.wait (C7517).
+    log = tmp_path / "build.log"
+    log.write_text("[3/9] Building CUDA object prefill_sm90_hd128.cu.o\n"
+                   "ptxas info    : (C7517) warpgroup.wait is injected in around line 4051 by compiler to allow "
+                   "use of registers defined by GMMA in function 'prefill_kernel'\n")
+    rc, out = run(tmp_path, PIPELINED, "--build-log", str(log))
+    assert rc == 1, out
+    assert "injected 1 warpgroup.wait (C7517)" in out
+    # The same SASS with a clean log passes.
+    log.write_text("[3/9] Building CUDA object prefill_sm90_hd128.cu.o\nptxas info    : Used 168 registers\n")
+    rc, out = run(tmp_path, PIPELINED, "--build-log", str(log))
+    assert rc == 0, out
 
 
 def test_serialized_wgmma_fails(tmp_path):
