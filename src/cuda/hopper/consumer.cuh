@@ -64,6 +64,7 @@ struct DeviceVariant {
 template <class Pol, class T, class Variant>
 struct Consumer {
   static constexpr int D = Pol::kHeadDim, BN = Pol::kBlockN, BM = Pol::kBlockM, S = Pol::kStages;
+  using M = MmaType<Pol, T>;  // Q, K, V and P in the GEMMs; T is the output's
 
   const Sm90Params& p;
   const SmemLayout<Pol> sm;  // by value: a reference would put it in local memory
@@ -107,7 +108,7 @@ struct Consumer {
     for (int kk = 0; kk < D / 16; ++kk) {
       // k16 step kk: panel kk / 4, 32 bytes per step inside the panel's 128-byte rows.
       const uint32_t off = (kk % 4) * 32;
-      gmma_ss<BN, T>(s, gmma_desc(q + (((kk / 4) * BM * 128 + off) >> 4)),
+      gmma_ss<BN, M>(s, gmma_desc(q + (((kk / 4) * BM * 128 + off) >> 4)),
                      gmma_desc(k + (((kk / 4) * BN * 128 + off) >> 4)), kk > 0);
     }
     cute::warpgroup_commit_batch();
@@ -121,7 +122,7 @@ struct Consumer {
     const uint32_t v = desc_lo_mn_major(smem_addr(sm.v(slot)), BN * 128);
     cute::warpgroup_arrive();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) gmma_rs<D, T>(o, pa[kk], gmma_desc(v + ((kk * 16 * 128) >> 4)));
+    for (int kk = 0; kk < BN / 16; ++kk) gmma_rs<D, M>(o, pa[kk], gmma_desc(v + ((kk * 16 * 128) >> 4)));
     cute::warpgroup_commit_batch();
   }
 
@@ -162,10 +163,10 @@ struct Consumer {
   __device__ static void pack_p(uint32_t (&pa)[BN / 16][4], const float (&s)[BN / 8][4]) {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      pa[kk][0] = pack2<M>(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = pack2<M>(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = pack2<M>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = pack2<M>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
   }
 
@@ -312,7 +313,7 @@ struct Consumer {
     const float fold = var.transform(s);
     const int key0 = tile * BN;
     if (!(key0 >= t.keys.common_lo && key0 + BN <= t.keys.common_hi)) mask(s, key0, t);
-    smx.template step<BN / 8, Pol::kFtzExp2>(s, fold, alpha);
+    smx.template step<BN / 8, Pol::kFtzExp2, Pol::kPolyExp2Every>(s, fold, alpha);
   }
 
   /// Direct output: o = acc * scale (sink counted once, empty rows 0), lse in natural log.

@@ -35,6 +35,7 @@ struct Producer {
   static constexpr int kPanels = D / 64;
   static constexpr int kChunks = D / 8;  // 16-byte chunks of a 16-bit row
   static constexpr bool kFp8 = Pol::kFp8Kv;
+  using M = MmaType<Pol, T>;  // the stages' and Q's type (T, or fp16 for fp8 KV)
 
   const Sm90Params& p;
   const SmemLayout<Pol> sm;  // by value: a reference would put it in local memory
@@ -106,7 +107,7 @@ struct Producer {
     // Row r of the tile: token r / pack, head head0 + r % pack; rows past the tile's
     // tokens are zero.
     const char* q = static_cast<const char*>(p.a.q);
-    if (!p.a.q_fp8) {
+    if (!p.a.q_fp8 && std::is_same<M, T>::value) {
 #pragma unroll 1
       for (int idx = tid; idx < BM * kChunks; idx += 128) {
         const int r = idx / kChunks, c = idx % kChunks;
@@ -120,8 +121,8 @@ struct Producer {
         cp_async_16(smem_addr(q_smem + tile_offset(BM, r, c)), src, valid);
       }
       cp_async_arrive(full);
-    } else {
-      // fp8 e4m3 queries: 16 values per load, converted exactly to T.
+    } else if (p.a.q_fp8) {
+      // fp8 e4m3 queries: 16 values per load, converted exactly to M.
 #pragma unroll 1
       for (int idx = tid; idx < BM * (D / 16); idx += 128) {
         const int r = idx / (D / 16), c = idx % (D / 16);
@@ -130,10 +131,27 @@ struct Producer {
         if (r < rows && tok < t.n_tok) {
           const uint4 raw_q = __ldg(reinterpret_cast<const uint4*>(
               q + int64_t{t.q_row0 + tok} * p.a.q_row_stride + int64_t{t.head0 + r % p.pack} * p.a.q_head_stride + c * 16));
-          fp8x16_to<T>(raw_q, out);
+          fp8x16_to<M>(raw_q, out);
         }
-        *reinterpret_cast<uint4*>(q_smem + tile_offset(BM, r, 2 * c)) = out[0];
-        *reinterpret_cast<uint4*>(q_smem + tile_offset(BM, r, 2 * c + 1)) = out[1];
+        sts128(smem_addr(q_smem + tile_offset(BM, r, 2 * c)), out[0]);
+        sts128(smem_addr(q_smem + tile_offset(BM, r, 2 * c + 1)), out[1]);
+      }
+      fence_async_smem();
+      arrive(full);
+    } else if constexpr (!std::is_same<M, T>::value) {
+      // 16-bit queries of another type than the GEMMs' (bf16 into fp16 for fp8 KV):
+      // 8 values per load.
+#pragma unroll 1
+      for (int idx = tid; idx < BM * kChunks; idx += 128) {
+        const int r = idx / kChunks, c = idx % kChunks;
+        const int tok = r / p.pack;
+        uint4 out = make_uint4(0, 0, 0, 0);
+        if (r < rows && tok < t.n_tok) {
+          out = bf16x8_to_half_sat(__ldg(reinterpret_cast<const uint4*>(
+              q + (int64_t{t.q_row0 + tok} * p.a.q_row_stride + int64_t{t.head0 + r % p.pack} * p.a.q_head_stride) * 2 +
+              c * 16)));
+        }
+        sts128(smem_addr(q_smem + tile_offset(BM, r, c)), out);
       }
       fence_async_smem();
       arrive(full);
@@ -319,17 +337,7 @@ struct Producer {
       const Span sp = span(t, t.keys.end - 1 - j);
       const int slot = is_v ? vs.slot : ks.slot;
       wait(is_v ? sm.v_empty(slot) : sm.k_empty(slot), (is_v ? vs.phase : ks.phase) ^ 1);
-      const char* src = sm.raw(raw.slot);
-      char* dst = is_v ? sm.v(slot) : sm.k(slot);
-#pragma unroll(Pol::kFp8ConvertUnroll)
-      for (int idx = tid; idx < BN * (D / 16); idx += 128) {
-        const int r = idx / (D / 16), c = idx % (D / 16);
-        const int pos = sp.key0 + r;
-        uint4 out[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-        if (pos >= sp.a && pos < sp.e) fp8x16_cache_to<T>(*reinterpret_cast<const uint4*>(src + r * D + c * 16), out);
-        *reinterpret_cast<uint4*>(dst + tile_offset(BN, r, 2 * c)) = out[0];
-        *reinterpret_cast<uint4*>(dst + tile_offset(BN, r, 2 * c + 1)) = out[1];
-      }
+      convert_tile(smem_addr(sm.raw(raw.slot)), smem_addr(is_v ? sm.v(slot) : sm.k(slot)), sp);
       fence_async_smem();
       arrive(is_v ? sm.v_full(slot) : sm.k_full(slot));
       named_sync(kBarProducer, 128);  // the staging slot may be refilled
@@ -342,6 +350,40 @@ struct Producer {
         vs.advance();
       } else {
         ks.advance();
+      }
+    }
+  }
+
+  /// One raw e4m3 tile (dense rows of D bytes) into its 16-bit stage (swizzled rows) as M.
+  /// A thread's chunks are 128 apart (same column, rows 128 / (D / 16) apart: one swizzle
+  /// phase, so addresses differ by constants). Each group of kFp8ConvertUnroll chunks is
+  /// loaded before any of it converts, so its loads are in flight together; keys outside
+  /// the span have their raw bytes zeroed (e4m3 0 is +0) instead of a guarded load (one
+  /// branch and one round trip per chunk).
+  __device__ void convert_tile(uint32_t src, uint32_t dst, const Span& sp) const {
+    constexpr int kPerThread = BN * (D / 16) / 128;  // 16-byte raw chunks per thread
+    constexpr int U = Pol::kFp8ConvertUnroll < kPerThread ? Pol::kFp8ConvertUnroll : kPerThread;
+    static_assert(BN * (D / 16) % 128 == 0 && kPerThread % U == 0, "whole groups of chunks per thread");
+    // The gather's producer holds its row addresses across the tile: groups one at a time.
+    constexpr int kGroupsUnrolled = kTma ? kPerThread / U : 1;
+#pragma unroll(kGroupsUnrolled)
+    for (int g = 0; g < kPerThread; g += U) {
+      uint4 in[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int idx = tid + (g + u) * 128;
+        in[u] = lds128(src + (idx / (D / 16)) * D + (idx % (D / 16)) * 16);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int idx = tid + (g + u) * 128;
+        const int r = idx / (D / 16), c = idx % (D / 16);
+        const int pos = sp.key0 + r;
+        if (!(pos >= sp.a && pos < sp.e)) in[u] = make_uint4(0, 0, 0, 0);  // e4m3 0 is +0
+        uint4 out[2];
+        fp8x16_cache_to<M>(in[u], out);
+        sts128(dst + tile_offset(BN, r, 2 * c), out[0]);
+        sts128(dst + tile_offset(BN, r, 2 * c + 1), out[1]);
       }
     }
   }

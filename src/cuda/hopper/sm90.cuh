@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include <cute/arch/copy_sm90_tma.hpp>
@@ -29,6 +30,24 @@ namespace gmma = cute::SM90::GMMA;
 /// tile of `rows` rows laid out as above.
 __device__ __forceinline__ uint32_t tile_offset(int rows, int r, int c) {
   return static_cast<uint32_t>((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/// The 16-bit type the GEMMs run in: the query dtype T, or fp16 where the policy says so
+/// (fp8 KV: policy.h kMmaF16).
+template <class Pol, class T>
+using MmaType = std::conditional_t<Pol::kMmaF16, __half, T>;
+
+/// 16-byte shared-memory load / store by shared-space address (a generic pointer into
+/// the dynamic shared memory compiles to LD.E / ST.E: a 64-bit address and the window
+/// test per access).
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void sts128(uint32_t addr, const uint4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
 }
 
 // ---- GMMA (wgmma) --------------------------------------------------------------------

@@ -83,7 +83,9 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   PAGEDMHA_CUDA_CHECK_LAUNCH();
 
   // Q: [rows][Hq][D], boxes of [tokens][pack][64].
-  p.tma_q = q_tma_ok(a.q_fp8, a.q_row_stride * 2, a.q_head_stride * 2, prob.num_rows);
+  // A query converted into the GEMMs' type (policy.h kMmaF16) is loaded by the producer.
+  p.tma_q = std::is_same<MmaType<Pol, T>, T>::value &&
+            q_tma_ok(a.q_fp8, a.q_row_stride * 2, a.q_head_stride * 2, prob.num_rows);
   if (p.tma_q) {
     const uint64_t dims[3] = {uint64_t(D), uint64_t(a.num_q_heads), uint64_t(prob.num_rows)};
     const uint64_t strides[2] = {uint64_t(a.q_head_stride) * 2, uint64_t(a.q_row_stride) * 2};

@@ -17,7 +17,9 @@
 // PAGEDMHA_SM90_WG3_PRODUCER_REGS=r the producer's registers with three,
 // PAGEDMHA_SM90_FP8_UNROLL=u the fp8 conversion loop's unroll, PAGEDMHA_SM90_FP8_BLOCK_N
 // and PAGEDMHA_SM90_FP8_RAW_SLOTS the fp8 tile's keys (D <= 128) and staging slots,
-// PAGEDMHA_SM90_Q_SLOTS=k forces k query-tile buffers.
+// PAGEDMHA_SM90_Q_SLOTS=k forces k query-tile buffers, PAGEDMHA_SM90_FP8_MMA_F16=0 runs
+// fp8 KV's GEMMs in the query dtype, PAGEDMHA_SM90_POLY_EXP2=k every k-th fragment
+// column's exponentials on the FMA pipe.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -48,6 +50,12 @@
 #ifndef PAGEDMHA_SM90_WG3_PRODUCER_REGS
 #define PAGEDMHA_SM90_WG3_PRODUCER_REGS 32
 #endif
+#ifndef PAGEDMHA_SM90_POLY_EXP2
+#define PAGEDMHA_SM90_POLY_EXP2 0
+#endif
+#ifndef PAGEDMHA_SM90_FP8_MMA_F16
+#define PAGEDMHA_SM90_FP8_MMA_F16 1
+#endif
 #ifndef PAGEDMHA_SM90_Q_SLOTS
 #define PAGEDMHA_SM90_Q_SLOTS 0
 #endif
@@ -60,6 +68,13 @@ template <int D, bool Fp8Kv, bool KvTma>
 struct PrefillPolicy {
   static constexpr int kHeadDim = D;
   static constexpr bool kFp8Kv = Fp8Kv;
+  // fp8 KV: the GEMMs run in fp16 whatever the query dtype. e4m3 converts to fp16 in one
+  // F2FP per pair (cvt.rn.f16x2.e4m3x2), where bf16 has no such instruction and took ~4
+  // integer / HMUL2 instructions per value in the producer, the fp8 path's limit
+  // (docs/perf-notes/prefill-sm90.md). K, V and P are exact or more precise in fp16; a
+  // bf16 query is converted once per query tile (exact for |q| in fp16's normal range,
+  // saturating beyond 65504: docs/semantics.md).
+  static constexpr bool kMmaF16 = Fp8Kv && PAGEDMHA_SM90_FP8_MMA_F16 != 0;
   static constexpr bool kKvTma = KvTma;
   // Consumer warpgroups of 64 query rows each (wgmma's M): two (128 rows), three at
   // D = 64 (192 rows, FA3's shape there): a D = 64 tile's GEMMs take about as long as its
@@ -100,6 +115,9 @@ struct PrefillPolicy {
   // docs/perf-notes/prefill-sm90.md). No split-KV here, so nothing is compared bitwise across key
   // ranges. PAGEDMHA_SM90_FTZ=0 restores the plain ex2 (experiment).
   static constexpr bool kFtzExp2 = PAGEDMHA_SM90_FTZ != 0;
+  // Every kPolyExp2Every-th fragment column of S exponentiates on the FMA pipe
+  // (exp2_poly) instead of the MUFU unit; 0: none.
+  static constexpr int kPolyExp2Every = PAGEDMHA_SM90_POLY_EXP2;
 
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage (16-bit)
