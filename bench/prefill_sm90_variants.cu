@@ -181,7 +181,8 @@ int main(int argc, char** argv) {
       {"gpt-oss", 64, 8, 64, 4, 4096, 16},     {"llama3-8b", 32, 8, 128, 16, 1024, 16},
       {"gpt-oss", 64, 8, 64, 16, 1024, 16},    {"llama3-8b", 32, 8, 128, 1, 16384, 16, true},
       {"llama3-8b", 32, 8, 128, 4, 4096, 16, true},   {"gemma", 16, 8, 256, 4, 4096, 16},
-      {"gemma", 16, 8, 256, 16, 1024, 16},
+      {"gemma", 16, 8, 256, 16, 1024, 16},     {"gpt-oss", 64, 8, 64, 1, 16384, 16, true},
+      {"gpt-oss", 64, 8, 64, 4, 4096, 16, true},
   };
   std::vector<bool> run(sizeof(shapes) / sizeof(shapes[0]), argc < 4);
   if (argc >= 4) {
@@ -202,7 +203,7 @@ int main(int argc, char** argv) {
     const Shape& s = shapes[si];
     const double us = s.d == 256   ? run_shape<256, false>(s, sms, stream)
                       : s.d == 128 ? (s.fp8 ? run_shape<128, true>(s, sms, stream) : run_shape<128, false>(s, sms, stream))
-                                   : run_shape<64, false>(s, sms, stream);
+                                   : (s.fp8 ? run_shape<64, true>(s, sms, stream) : run_shape<64, false>(s, sms, stream));
     const double pairs = double(s.batch) * s.seq * (s.seq + 1) / 2.0;
     const double tflops = 4.0 * s.hq * s.d * pairs / (us * 1e-6) / 1e12;
     std::printf("%-24s %-10s %2dx%-6d p%-3d %-4s %10.1f us %8.1f TFLOP/s\n", argv[1], s.model, s.batch, s.seq, s.page,

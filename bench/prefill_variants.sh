@@ -17,6 +17,7 @@ inc=${CUTLASS_INCLUDE:-}
 [ -z "$inc" ] && [ -d .deps/cutlass/include/cute ] && inc=.deps/cutlass/include
 [ -z "$inc" ] && inc=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))" 2>/dev/null)
 [ -d "$inc/cute" ] || { echo "prefill_variants: CUTLASS headers not found" >&2; exit 2; }
+inc=$(cd "$inc" && pwd)  # absolute: BASE builds run from another tree
 variants=("$@")
 if [ ${#variants[@]} -eq 0 ]; then
   variants=("default:" "stages2:-DPAGEDMHA_SM90_STAGES=2" "stages3:-DPAGEDMHA_SM90_STAGES=3" "cluster1:-DPAGEDMHA_SM90_CLUSTER=1"

@@ -30,22 +30,6 @@ __device__ __forceinline__ float fast_exp2_ftz(float x) {
   return y;
 }
 
-/// 2^x on the FMA pipe, for part of a tile's exponentials where the MUFU unit (16 per
-/// clock and SM) is as busy as the tensor cores: x = j + f with j = rint(x) (the 1.5 * 2^23
-/// rounding trick) and f in [-1/2, 1/2]; 2^f by a degree-3 minimax polynomial (relative
-/// error 7.5e-5, below half a bf16 / fp16 ulp of P; coefficients by the Remez exchange),
-/// 2^j added to its exponent field. Exact powers of two between references as with ex2
-/// (2^(x - k) = 2^-k * 2^x bit for bit). Results below 2^-125 flush to +0 (ex2.approx.ftz:
-/// 2^-126); -inf and NaN-free: -inf gives +0. x <= 2 (the softmax's exponents are <= 2^-5).
-__device__ __forceinline__ float exp2_poly(float x) {
-  constexpr float kRound = 0x1.8p23f;
-  const float t = x + kRound;  // rint(x) in the low mantissa bits
-  const float f = x - (t - kRound);
-  const float p = fmaf(fmaf(fmaf(0x1.c3f76p-5f, f, 0x1.f0de1ap-3f), f, 0x1.62f31ap-1f), f, 0x1.fff692p-1f);
-  const float y = __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-  return x < -125.0f ? 0.0f : y;
-}
-
 struct SoftmaxRows {
   float m[2];  // reference: running max rounded up to an integer (-inf before any key)
   float l[2];  // running sum of exp2(s - m), partial over the thread's columns until finish()
@@ -71,14 +55,9 @@ struct SoftmaxRows {
   /// kFtz: fast_exp2_ftz for the probabilities and alpha (kernels whose results are not
   /// compared bitwise across key splits: a reference change can move a probability
   /// across 2^-126 and so flush it on one side only).
-  /// kPolyEvery (> 0): fragment columns i with i % kPolyEvery == kPolyEvery - 1 take
-  /// exp2_poly instead of the MUFU (the Hopper prefill's policy; 0: none).
-  template <int NS, bool kFtz = false, int kPolyEvery = 0>
+  template <int NS, bool kFtz = false>
   __device__ __forceinline__ void step(float (&s)[NS][4], float scale, float (&alpha)[2]) {
     const auto ex2 = [](float x) { return kFtz ? fast_exp2_ftz(x) : fast_exp2(x); };
-    const auto ex2_at = [&](int i, float x) {
-      return kPolyEvery > 0 && i % kPolyEvery == kPolyEvery - 1 ? exp2_poly(x) : ex2(x);
-    };
     float ref[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -115,8 +94,8 @@ struct SoftmaxRows {
       } else {
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
-          s[i][2 * h] = ex2_at(i, fmaf(s[i][2 * h], scale, -ref[h]));
-          s[i][2 * h + 1] = ex2_at(i, fmaf(s[i][2 * h + 1], scale, -ref[h]));
+          s[i][2 * h] = ex2(fmaf(s[i][2 * h], scale, -ref[h]));
+          s[i][2 * h + 1] = ex2(fmaf(s[i][2 * h + 1], scale, -ref[h]));
           sum += s[i][2 * h] + s[i][2 * h + 1];
         }
       }

@@ -313,7 +313,7 @@ struct Consumer {
     const float fold = var.transform(s);
     const int key0 = tile * BN;
     if (!(key0 >= t.keys.common_lo && key0 + BN <= t.keys.common_hi)) mask(s, key0, t);
-    smx.template step<BN / 8, Pol::kFtzExp2, Pol::kPolyExp2Every>(s, fold, alpha);
+    smx.template step<BN / 8, Pol::kFtzExp2>(s, fold, alpha);
   }
 
   /// Direct output: o = acc * scale (sink counted once, empty rows 0), lse in natural log.

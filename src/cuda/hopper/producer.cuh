@@ -139,19 +139,31 @@ struct Producer {
       fence_async_smem();
       arrive(full);
     } else if constexpr (!std::is_same<M, T>::value) {
-      // 16-bit queries of another type than the GEMMs' (bf16 into fp16 for fp8 KV):
-      // 8 values per load.
+      // 16-bit queries of another type than the GEMMs' (bf16 into fp16 for fp8 KV): 8
+      // values per load, groups of kGroup loads in flight (one at a time, the tile's
+      // 12-32 loads per thread were a serial chain of global latencies per item).
+      constexpr int kPerThread = BM * kChunks / 128, kGroup = 2;
+      static_assert(BM * kChunks % 128 == 0 && kPerThread % kGroup == 0, "whole groups");
 #pragma unroll 1
-      for (int idx = tid; idx < BM * kChunks; idx += 128) {
-        const int r = idx / kChunks, c = idx % kChunks;
-        const int tok = r / p.pack;
-        uint4 out = make_uint4(0, 0, 0, 0);
-        if (r < rows && tok < t.n_tok) {
-          out = bf16x8_to_half_sat(__ldg(reinterpret_cast<const uint4*>(
-              q + (int64_t{t.q_row0 + tok} * p.a.q_row_stride + int64_t{t.head0 + r % p.pack} * p.a.q_head_stride) * 2 +
-              c * 16)));
+      for (int g = 0; g < kPerThread; g += kGroup) {
+        uint4 in[kGroup];
+#pragma unroll
+        for (int u = 0; u < kGroup; ++u) {
+          const int idx = tid + (g + u) * 128;
+          const int r = idx / kChunks, c = idx % kChunks;
+          const int tok = r / p.pack;
+          in[u] = make_uint4(0, 0, 0, 0);
+          if (r < rows && tok < t.n_tok) {
+            in[u] = __ldg(reinterpret_cast<const uint4*>(
+                q + (int64_t{t.q_row0 + tok} * p.a.q_row_stride + int64_t{t.head0 + r % p.pack} * p.a.q_head_stride) * 2 +
+                c * 16));
+          }
         }
-        sts128(smem_addr(q_smem + tile_offset(BM, r, c)), out);
+#pragma unroll
+        for (int u = 0; u < kGroup; ++u) {
+          const int idx = tid + (g + u) * 128;
+          sts128(smem_addr(q_smem + tile_offset(BM, idx / kChunks, idx % kChunks)), bf16x8_to_half_sat(in[u]));
+        }
       }
       fence_async_smem();
       arrive(full);

@@ -18,8 +18,7 @@
 // PAGEDMHA_SM90_FP8_UNROLL=u the fp8 conversion loop's unroll, PAGEDMHA_SM90_FP8_BLOCK_N
 // and PAGEDMHA_SM90_FP8_RAW_SLOTS the fp8 tile's keys (D <= 128) and staging slots,
 // PAGEDMHA_SM90_Q_SLOTS=k forces k query-tile buffers, PAGEDMHA_SM90_FP8_MMA_F16=0 runs
-// fp8 KV's GEMMs in the query dtype, PAGEDMHA_SM90_POLY_EXP2=k every k-th fragment
-// column's exponentials on the FMA pipe.
+// fp8 KV's GEMMs in the query dtype.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -39,7 +38,7 @@
 #define PAGEDMHA_SM90_WG3 1
 #endif
 #ifndef PAGEDMHA_SM90_FP8_UNROLL
-#define PAGEDMHA_SM90_FP8_UNROLL 2
+#define PAGEDMHA_SM90_FP8_UNROLL 0
 #endif
 #ifndef PAGEDMHA_SM90_FP8_BLOCK_N
 #define PAGEDMHA_SM90_FP8_BLOCK_N 128
@@ -49,9 +48,6 @@
 #endif
 #ifndef PAGEDMHA_SM90_WG3_PRODUCER_REGS
 #define PAGEDMHA_SM90_WG3_PRODUCER_REGS 32
-#endif
-#ifndef PAGEDMHA_SM90_POLY_EXP2
-#define PAGEDMHA_SM90_POLY_EXP2 0
 #endif
 #ifndef PAGEDMHA_SM90_FP8_MMA_F16
 #define PAGEDMHA_SM90_FP8_MMA_F16 1
@@ -81,7 +77,8 @@ struct PrefillPolicy {
   // 128 x 128 exponentials on the MUFU unit, so a third warpgroup's softmax fills the
   // tensor cores' idle time (docs/perf-notes/prefill-sm90.md). Only with TMA loads: the gather
   // producer does not fit the 32 registers three consumer warpgroups leave it.
-  static constexpr int kConsumerWarpgroups = D == 64 && KvTma && PAGEDMHA_SM90_WG3 ? 3 : 2;
+  // Not with fp8 KV either: its conversion does not fit the producer's 32 registers.
+  static constexpr int kConsumerWarpgroups = D == 64 && KvTma && !Fp8Kv && PAGEDMHA_SM90_WG3 ? 3 : 2;
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;  // arrivals on an empty barrier
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
@@ -92,8 +89,10 @@ struct PrefillPolicy {
   // from into the 16-bit stages: 4 (3 tiles in flight while one converts: a tile's load
   // latency is ~3 conversions) where shared memory allows, 2 at D = 256.
   static constexpr int kRawSlots = Fp8Kv ? (D == 256 ? 2 : PAGEDMHA_SM90_FP8_RAW_SLOTS) : 0;
-  // 16-byte chunks each producer thread converts at once (loads in flight per thread).
-  static constexpr int kFp8ConvertUnroll = PAGEDMHA_SM90_FP8_UNROLL;
+  // 16-byte raw chunks each producer thread loads before converting them (loads in flight
+  // per thread): 4 (+2% over 2 at llama3-8b 1 x 16k, H200 run 13), 2 at D = 256, where 4
+  // spills in the producer's 72 registers.
+  static constexpr int kFp8ConvertUnroll = PAGEDMHA_SM90_FP8_UNROLL > 0 ? PAGEDMHA_SM90_FP8_UNROLL : (D == 256 ? 2 : 4);
   // setmaxnreg: 384 threads start with 168 registers (64K / 384, rounded down to 8);
   // the producer warpgroup gives some up and the consumers take them: 128 x 72 +
   // 256 x 216 = 64,512. The consumers need ~185 (D <= 128) to ~200 (D = 256, O alone is
@@ -115,9 +114,6 @@ struct PrefillPolicy {
   // docs/perf-notes/prefill-sm90.md). No split-KV here, so nothing is compared bitwise across key
   // ranges. PAGEDMHA_SM90_FTZ=0 restores the plain ex2 (experiment).
   static constexpr bool kFtzExp2 = PAGEDMHA_SM90_FTZ != 0;
-  // Every kPolyExp2Every-th fragment column of S exponentiates on the FMA pipe
-  // (exp2_poly) instead of the MUFU unit; 0: none.
-  static constexpr int kPolyExp2Every = PAGEDMHA_SM90_POLY_EXP2;
 
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage (16-bit)
