@@ -1,10 +1,8 @@
-// batch_prefill's one dispatch point: the Hopper kernel (prefill_sm90/) on sm_90a where
-// its policy prefers it (sm90_preferred), the portable mma.sync kernel
+// batch_prefill's one dispatch point: the Hopper kernel (prefill_sm90/) on sm_90a, the
+// portable mma.sync kernel
 // (prefill_kernel.cuh, grid from max_q_len x heads x batch) elsewhere or when
 // PAGEDMHA_KERNELS=portable.
 #include <cuda_runtime.h>
-
-#include <type_traits>
 
 #include "cuda/common/arch.h"
 #include "cuda/common/attention_args.cuh"
@@ -37,15 +35,10 @@ void batch_prefill(const detail::AttentionProblem& p) {
   const AttentionArgs a = make_attention_args(p);
   const auto stream = static_cast<cudaStream_t>(p.stream);
 #if PAGEDMHA_WITH_SM90
-  if (kernel_path(p.device.index) == KernelPath::sm90 &&
-      sm90::sm90_preferred(p.head_dim, p.kv.dtype == DType::fp8_e4m3)) {
+  if (kernel_path(p.device.index) == KernelPath::sm90) {
     const int sms = multiprocessor_count(p.device.index);
     dispatch_attention("batch_prefill", p, [&](auto d, auto t, auto kv) {
-      constexpr int D = decltype(d)::value;
-      using T = typename decltype(t)::type;
-      using KV = typename decltype(kv)::type;
-      // Only the instantiations sm90_preferred can pick exist (prefill_sm90_hd*.cu).
-      if constexpr (!(D == 64 && !std::is_same<KV, T>::value)) sm90::run_prefill<D, T, KV>(p, a, sms, stream);
+      sm90::run_prefill<decltype(d)::value, typename decltype(t)::type, typename decltype(kv)::type>(p, a, sms, stream);
     });
     return;
   }

@@ -207,14 +207,6 @@ struct PlanLayout {
   PAGEDMHA_HD static int64_t bytes(int64_t batch, int64_t total_q) { return list_offset(batch) + 8 * (total_q + batch); }
 };
 
-/// Whether a Hopper GPU runs this prefill on the sm_90a kernel: everything but fp8 KV at
-/// D = 64, where the producer's fp8 staging (raw e4m3 tile, then conversion into the
-/// 16-bit stage) cannot keep up with D = 64's short tiles and the portable kernel, which
-/// converts fp8 fragments in registers, is faster (H200, same run, TFLOP/s sm90 /
-/// portable: gpt-oss 4x4k 134 / 172, 1x16k 141 / 184, one TP-8 rank 8k over 8k 126 / 158;
-/// at D = 128 213 / 196, at D = 256 215 / 150: docs/perf-notes/prefill-sm90.md).
-inline bool sm90_preferred(int head_dim, bool fp8_kv) { return !(fp8_kv && head_dim == 64); }
-
 /// Cost buckets of the longest-first tile order (KV tiles a query tile reads; longer
 /// ones share the last bucket).
 constexpr int kPlanBuckets = 2048;

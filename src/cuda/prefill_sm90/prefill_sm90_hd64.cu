@@ -1,11 +1,14 @@
 // Hopper prefill instantiations for head dim 64 (one file per head dim: parallel compilation).
-// 16-bit caches only: fp8 KV at D = 64 runs the portable kernel (policy.h, sm90_preferred).
 #include "cuda/prefill_sm90/launch.cuh"
 
 namespace pagedmha::cuda::sm90 {
 
 template void run_prefill<64, __nv_bfloat16, __nv_bfloat16>(const detail::AttentionProblem&, const AttentionArgs&, int,
                                                             cudaStream_t);
+template void run_prefill<64, __nv_bfloat16, fp8_e4m3>(const detail::AttentionProblem&, const AttentionArgs&, int,
+                                                      cudaStream_t);
 template void run_prefill<64, __half, __half>(const detail::AttentionProblem&, const AttentionArgs&, int, cudaStream_t);
+template void run_prefill<64, __half, fp8_e4m3>(const detail::AttentionProblem&, const AttentionArgs&, int,
+                                               cudaStream_t);
 
 }  // namespace pagedmha::cuda::sm90
