@@ -24,6 +24,14 @@
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/paged_loader.cuh"
 
+// Experiment knob (default off until measured on an H100 / H200): fp8 caches compute
+// S = Q K^T in fp16 whatever the query dtype: Q is converted once per tile (a bf16 query
+// saturates past 65504) and each K pair converts with one F2FP, where bf16 takes the
+// PRMT / shift / mask / HMUL2 sequence (scripts/sass_count.py: docs/perf-notes/decode.md).
+#ifndef PAGEDMHA_FP8_QK_F16
+#define PAGEDMHA_FP8_QK_F16 0
+#endif
+
 namespace pagedmha::cuda {
 
 template <int D_, class T_, class KV_, int WM_, int MT_ = 1, int KW_ = 0, bool FoldScale_ = false,
@@ -33,6 +41,7 @@ struct AttentionTraits {
   using T = T_;    // query / output / mma operand type (bf16 or fp16)
   using KV = KV_;  // cache element type (T or fp8_e4m3)
   static constexpr bool kFp8 = !std::is_same<KV, T>::value;
+  using QkT = std::conditional_t<kFp8 && PAGEDMHA_FP8_QK_F16 != 0, __half, T>;  // Q's type in shared memory
   static constexpr int kThreads = 128;
   static constexpr int WM = WM_;
   static constexpr int WN = 4 / WM;
@@ -129,8 +138,22 @@ __device__ KeyRange setup_rows(const AttentionArgs& a, const AttentionSmem<Tr>& 
   const char* q = static_cast<const char*>(a.q);
   bool q_async = true;
   if constexpr (Tr::kFp8) {
+    if (!a.q_fp8 && !std::is_same<typename Tr::QkT, T>::value) {
+      // 16-bit queries into QkT (bf16 into fp16): 8 values per load.
+      q_async = false;
+      for (int idx = tid; idx < Tr::M * Tr::kChunks; idx += Tr::kThreads) {
+        const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
+        const RowDesc d = rows(r);
+        uint4 out = make_uint4(0, 0, 0, 0);
+        if (d.valid) {
+          out = bf16x8_to_half_sat(
+              __ldg(reinterpret_cast<const uint4*>(q + (d.qrow * a.q_row_stride + d.head * a.q_head_stride) * 2 + c * 16)));
+        }
+        *reinterpret_cast<uint4*>(sm.q() + swizzle<Tr::kChunks>(r, c)) = out;
+      }
+    }
     if (a.q_fp8) {
-      // fp8 e4m3 queries (fp8 cache only): 16 values per load, converted exactly to T.
+      // fp8 e4m3 queries (fp8 cache only): 16 values per load, converted exactly to QkT.
       q_async = false;
       for (int idx = tid; idx < Tr::M * (Tr::D / 16); idx += Tr::kThreads) {
         const int r = idx / (Tr::D / 16), c = idx % (Tr::D / 16);
@@ -139,7 +162,7 @@ __device__ KeyRange setup_rows(const AttentionArgs& a, const AttentionSmem<Tr>& 
         if (d.valid) {
           const uint4 raw = __ldg(reinterpret_cast<const uint4*>(q + d.qrow * a.q_row_stride +
                                                                  d.head * a.q_head_stride + c * 16));
-          fp8x16_to<T>(raw, out);
+          fp8x16_to<typename Tr::QkT>(raw, out);
         }
         *reinterpret_cast<uint4*>(sm.q() + swizzle<Tr::kChunks>(r, 2 * c)) = out[0];
         *reinterpret_cast<uint4*>(sm.q() + swizzle<Tr::kChunks>(r, 2 * c + 1)) = out[1];

@@ -29,7 +29,7 @@ namespace pagedmha::cuda {
 template <class Tr>
 __device__ __forceinline__ void qk_fp8(float (&s)[Tr::MT][Tr::KW / 8][4], uint32_t q_base, uint32_t k_base, int wm,
                                        int wn, int lane) {
-  using T = typename Tr::T;
+  using T = typename Tr::QkT;  // Q's type in shared memory: the mma's
   constexpr int D = Tr::D, KW = Tr::KW, MT = Tr::MT, kRaw = D / 16;
   static_assert(kRaw % 2 == 0, "k16 steps in pairs");
   const int g = lane >> 2, t = lane & 3;
