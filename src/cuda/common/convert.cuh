@@ -106,9 +106,9 @@ __device__ __forceinline__ void fp8x4_to<__nv_bfloat16>(uint32_t w, uint32_t& lo
 }
 
 /// 16 e4m3 cache values -> 16 values of T in order, through fp8x4_to: for bf16 about half
-/// the instructions of fp8x16_to (no fp16 detour). Like the portable kernels' register
-/// conversion, the NaN code reads as 480 (quantisation never writes it); inputs that may
-/// hold NaN (fp8 queries) use fp8x16_to.
+/// the instructions of fp8x16_to (no fp16 detour). For bf16, like the portable kernels'
+/// register conversion, the NaN code reads as 480; for fp16 (cvt) it is NaN. Quantisation
+/// never writes it; inputs that may hold NaN (fp8 queries) use fp8x16_to.
 template <class T>
 __device__ __forceinline__ void fp8x16_cache_to(const uint4& in, uint4 (&out)[2]) {
   uint32_t r[8];

@@ -141,7 +141,8 @@ struct Producer {
     } else if constexpr (!std::is_same<M, T>::value) {
       // 16-bit queries of another type than the GEMMs' (bf16 into fp16 for fp8 KV): 8
       // values per load, groups of kGroup loads in flight (one at a time, the tile's
-      // 12-32 loads per thread were a serial chain of global latencies per item).
+      // 8-32 loads per thread were a serial chain of global latencies per item).
+      static_assert(std::is_same<T, __nv_bfloat16>::value && std::is_same<M, __half>::value, "bf16 into fp16");
       constexpr int kPerThread = BM * kChunks / 128, kGroup = 2;
       static_assert(BM * kChunks % 128 == 0 && kPerThread % kGroup == 0, "whole groups");
 #pragma unroll 1
