@@ -6,13 +6,16 @@
 # <out>/<variant>/<gpu>-attention-decode-<date>.json and prints the TB/s and
 # ratio-to-cuDNN columns of the variants side by side.
 #
-#   [OUT_DIR=bench/results/decode-variants] bash bench/decode_variants.sh ["name:-DFLAG=1 ..." ...]
+#   [OUT_DIR=bench/results/decode-variants] [FILTER=regex] bash bench/decode_variants.sh ["name:-DFLAG=1 ..." ...]
+#   FILTER: bench_attention.py --filter (a regex on case names, e.g. '^decode gpt-oss').
 #   default variants: smem110 (the default policy) and smem72 (3 CTAs per SM).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT_DIR:-bench/results/decode-variants}
 variants=("$@")
 [ ${#variants[@]} -eq 0 ] && variants=("smem110:-DPAGEDMHA_DECODE_SMEM_KB=110" "smem72:-DPAGEDMHA_DECODE_SMEM_KB=72")
+filter=()
+[ -n "${FILTER:-}" ] && filter=(--filter "$FILTER")
 deps=()
 [ -d .deps ] && deps=(-DPAGEDMHA_DEPS_DIR="$PWD/.deps")
 logs=()
@@ -28,7 +31,7 @@ for v in "${variants[@]}"; do
   echo "decode_variants: $name built in $(( $(date +%s) - t )) s" >&2
   # OUT (the GPU machine's result folder) would receive a copy under the same name.
   env -u OUT PYTHONPATH="$PWD/python" PAGEDMHA_BUILD_DIR="$PWD/$build" \
-    python3 bench/bench_attention.py --decode --out-dir "$out/$name" >"$build.bench.log" 2>&1 ||
+    python3 bench/bench_attention.py --decode "${filter[@]}" --out-dir "$out/$name" >"$build.bench.log" 2>&1 ||
     echo "decode_variants: $name: bench failed: $(tail -n1 "$build.bench.log")" >&2
   logs+=("$name:$build.bench.log")
 done
