@@ -1,12 +1,16 @@
-// batch_decode launcher: the split policy, workspace layout and forced split count. The
-// split count of each request is decided on the device from its own length
-// (decode_kernel.cuh).
+// batch_decode's one dispatch point and launcher: the split policy, workspace layout and
+// forced split count, then the Hopper decode (decode_sm90/) on sm_90a where the call fits
+// it (16-bit cache and queries, D <= 128, G * q_len <= 16, a TMA layout), else the
+// portable mma.sync decode (decode_kernel.cuh). The split count of each request is
+// decided on the device from its own length.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
+#include "cuda/common/arch.h"
 #include "cuda/common/attention_args.cuh"
 #include "cuda/common/dispatch.cuh"
 #include "cuda/common/launch.cuh"
@@ -18,6 +22,14 @@ namespace pagedmha::cuda {
 // Defined in decode_hd{64,128,256}.cu.
 template <int D, class T, class KV>
 void launch_decode(const AttentionArgs& a, int device, int sm_count, cudaStream_t stream);
+
+#if PAGEDMHA_WITH_SM90
+namespace sm90 {
+// Defined in decode_sm90/decode_sm90_hd{64,128}.cu; false when the call does not fit.
+template <int D, class T>
+bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& a, int sm_count, cudaStream_t stream);
+}  // namespace sm90
+#endif
 
 std::size_t decode_workspace_size(int /*device_index*/, int64_t batch, int q_len_per_req, int num_q_heads,
                                   int num_kv_heads, int head_dim) {
@@ -52,6 +64,18 @@ void batch_decode(const detail::AttentionProblem& p) {
 
   const int sm_count = multiprocessor_count(p.device.index);
   const auto stream = static_cast<cudaStream_t>(p.stream);
+#if PAGEDMHA_WITH_SM90
+  if (kernel_path(p.device.index) == KernelPath::sm90) {
+    bool done = false;
+    dispatch_attention("batch_decode", p, [&](auto d, auto t, auto kv) {
+      using T = typename decltype(t)::type;
+      if constexpr (decltype(d)::value <= 128 && std::is_same<T, typename decltype(kv)::type>::value) {
+        done = sm90::run_decode<decltype(d)::value, T>(p, a, sm_count, stream);
+      }
+    });
+    if (done) return;
+  }
+#endif
   dispatch_attention("batch_decode", p, [&](auto d, auto t, auto kv) {
     launch_decode<decltype(d)::value, typename decltype(t)::type, typename decltype(kv)::type>(a, p.device.index,
                                                                                              sm_count, stream);

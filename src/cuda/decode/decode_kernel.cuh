@@ -274,6 +274,25 @@ bool merge_waits_for_grid(int device) {
          }) == 1;
 }
 
+/// The merge of the split requests' partials (one CTA per query row and head), a
+/// programmatic dependent of the decode grid where its code waits for it.
+template <int D, class T>
+void launch_decode_merge(const AttentionArgs& a, int device, cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(a.batch) * a.q_len_per_req * a.num_q_heads;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows));
+  cfg.blockDim = dim3(128);
+  cfg.stream = stream;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  if (merge_waits_for_grid<D, T>(device)) {
+    cfg.attrs = pdl;
+    cfg.numAttrs = 1;
+  }
+  PAGEDMHA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel<D, T>, a));
+}
+
 /// Resident CTAs per SM of decode_kernel<Tr> on the current device, computed once per
 /// (instantiation, device), with its dynamic shared memory limit raised once, not per
 /// launch.
@@ -316,21 +335,7 @@ void launch_decode_config(AttentionArgs a, int device, int sm_count, cudaStream_
   decode_kernel<Tr><<<static_cast<unsigned>(grid), Tr::kThreads, Tr::kSmemBytes, stream>>>(a);
   PAGEDMHA_CUDA_CHECK_LAUNCH();
 
-  if (max_count > 1) {
-    const int64_t rows = static_cast<int64_t>(a.batch) * a.q_len_per_req * a.num_q_heads;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(rows));
-    cfg.blockDim = dim3(128);
-    cfg.stream = stream;
-    cudaLaunchAttribute pdl[1];
-    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl[0].val.programmaticStreamSerializationAllowed = 1;
-    if (merge_waits_for_grid<D, T>(device)) {
-      cfg.attrs = pdl;
-      cfg.numAttrs = 1;
-    }
-    PAGEDMHA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel<D, T>, a));
-  }
+  if (max_count > 1) launch_decode_merge<D, T>(a, device, stream);
 }
 
 /// Tile choice: 16 packed rows with the KV tile split over 4 warps when the G * n rows

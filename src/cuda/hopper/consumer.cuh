@@ -17,49 +17,11 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/online_softmax.cuh"
+#include "cuda/hopper/device_variant.cuh"
 #include "cuda/hopper/params.cuh"
 #include "cuda/hopper/sm90.cuh"
 
 namespace pagedmha::cuda::sm90 {
-
-/// The attention variant on the device: docs/semantics.md section 1 through MaskVariant
-/// (visible keys) plus the logits transform and the sink. Runtime fields; a variant with
-/// compile-time flags (FA3's Is_causal / Has_softcap) can replace it where that pays.
-struct DeviceVariant {
-  const AttentionArgs& a;
-
-  /// tanh(x) = 1 - 2 / (e^2x + 1): ex2 and rcp, no branches (tanhf's registers would
-  /// spill at D = 256); absolute error a few ulp of 1, which is what c * tanh needs.
-  __device__ __forceinline__ static float tanh_fast(float x) {
-    return 1.0f - __fdividef(2.0f, fast_exp2_ftz(x * (2.0f * kLog2e)) + 1.0f);
-  }
-
-  /// Turns raw logits into log2 units; returns the scale left to fold into the softmax's
-  /// FFMA (1 when applied here). Soft-cap: c * tanh(s * scale / c).
-  template <int NS>
-  __device__ __forceinline__ float transform(float (&s)[NS][4]) const {
-    if (a.cap_log2 > 0.0f) {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[i][e] = a.cap_log2 * tanh_fast(s[i][e] * a.cap_inner);
-      }
-      return 1.0f;
-    }
-    if (a.logit_scale_log2 > 0.0f) return a.logit_scale_log2;
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[i][e] *= a.logit_scale_log2;
-    }
-    return 1.0f;
-  }
-
-  /// The sink of query head h in log2 units (-inf when absent).
-  __device__ __forceinline__ float sink_log2(int h) const {
-    return a.sinks != nullptr ? a.sinks[h] * kLog2e : -INFINITY;
-  }
-};
 
 template <class Pol, class T, class Variant>
 struct Consumer {

@@ -7,37 +7,11 @@
 #include <cstdint>
 
 #include "cuda/common/attention_args.cuh"
+#include "cuda/hopper/paged_kv.cuh"
 #include "cuda/hopper/schedule.cuh"
 
 namespace pagedmha::cuda::sm90 {
 
-/// Key positions of a request to page-table columns and rows in their page, and to TMA
-/// boxes of box_rows keys (a power of two that divides the page size: policy.h,
-/// kv_tma_ok). Shifts where the page size is a power of two (every TMA layout up to a
-/// page of one tile, and the usual page sizes): the producer maps rows and boxes to pages
-/// for every tile, and a 32-bit division is a chain of ~20 dependent instructions (with
-/// them the producer warps were the kernel's limit: docs/perf-notes/prefill-sm90.md).
-struct PageGeometry {
-  int page_size, page_shift;  // page_shift: log2(page_size), -1 when not a power of two
-  int box_rows, box_shift;    // TMA boxes (box_rows 0 on the gather path)
-
-  static PageGeometry make(int page_size, int box_rows) {
-    PageGeometry g{page_size, log2_exact(page_size), box_rows, box_rows > 0 ? log2_exact(box_rows) : 0};
-    return g;
-  }
-  static int log2_exact(int x) {
-    int k = 0;
-    while ((1 << k) < x) ++k;
-    return (1 << k) == x ? k : -1;
-  }
-  __device__ __forceinline__ int col(int pos) const { return page_shift >= 0 ? pos >> page_shift : pos / page_size; }
-  __device__ __forceinline__ int row(int pos) const {
-    return page_shift >= 0 ? pos & (page_size - 1) : pos % page_size;
-  }
-  /// The box holding key `pos`, and the first key of box u.
-  __device__ __forceinline__ int box(int pos) const { return pos >> box_shift; }
-  __device__ __forceinline__ int box_key(int u) const { return u << box_shift; }
-};
 
 /// Passed as a __grid_constant__ parameter (the tensor maps must live in parameter or
 /// global memory for TMA).

@@ -1,5 +1,5 @@
 // Host side of one Hopper prefill instantiation: the load-path decisions (the one place
-// they are made: policy.h's kv_tma_ok / q_tma_ok / cluster_size, then the driver's
+// they are made: paged_kv.cuh's kv_tma_ok, policy.h's q_tma_ok / cluster_size, then the driver's
 // encoder), the plan launch and the persistent launch. Included by the per-head-dim
 // instantiation files.
 #pragma once
@@ -10,39 +10,12 @@
 
 #include "cuda/common/attention_args.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/hopper/paged_kv.cuh"
 #include "cuda/hopper/tensor_map.h"
 #include "cuda/prefill_sm90/kernel.cuh"
 #include "cuda/prefill_sm90/policy.h"
 
 namespace pagedmha::cuda::sm90 {
-
-template <class T>
-constexpr CUtensorMapDataType tensor_map_dtype() {
-  return std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-}
-
-/// K / V tensor maps: [pages][page_size][Hkv][D] with boxes of [kv_box_rows][64] of one
-/// head (16-bit, swizzled) or [kv_box_rows][D] bytes (fp8, into the staging slots).
-/// False when the layout does not allow TMA or the driver refuses the maps.
-template <int D, class T, bool kFp8>
-bool kv_tensor_maps(const detail::KvCacheDesc& kv, int block_n, Sm90Params& p) {
-  const int64_t es = kFp8 ? 1 : 2;
-  p.geo = PageGeometry::make(kv.page_size, kv_box_rows(kv.page_size, block_n));
-  if (!kv_tma_ok(kv.page_size, block_n, kv.k.data, kv.v.data, kv.k.page_stride * es, kv.k.token_stride * es,
-                 kv.k.head_stride * es, kv.v.page_stride * es, kv.v.token_stride * es, kv.v.head_stride * es,
-                 kv.num_pages)) {
-    return false;
-  }
-  const uint64_t dims[4] = {uint64_t(D), uint64_t(kv.num_kv_heads), uint64_t(kv.page_size), uint64_t(kv.num_pages)};
-  const uint32_t box[4] = {kFp8 ? uint32_t(D) : 64u, 1, uint32_t(p.geo.box_rows), 1};
-  const uint64_t ks[3] = {uint64_t(kv.k.head_stride * es), uint64_t(kv.k.token_stride * es),
-                          uint64_t(kv.k.page_stride * es)};
-  const uint64_t vs[3] = {uint64_t(kv.v.head_stride * es), uint64_t(kv.v.token_stride * es),
-                          uint64_t(kv.v.page_stride * es)};
-  const CUtensorMapDataType dt = kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : tensor_map_dtype<T>();
-  return encode_tensor_map(&p.tm_k, dt, 4, kv.k.data, dims, ks, box, !kFp8) &&
-         encode_tensor_map(&p.tm_v, dt, 4, kv.v.data, dims, vs, box, !kFp8);
-}
 
 template <class Pol, class T, class KV>
 void launch_persistent(const Sm90Params& p, int device, int num_sms, cudaStream_t stream) {
@@ -103,7 +76,7 @@ void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, i
   // The tile's key count is the same for both load paths (policy.h).
   static_assert(PrefillPolicy<D, kFp8, true>::kBlockN == PrefillPolicy<D, kFp8, false>::kBlockN, "block_n");
   if (!PAGEDMHA_SM90_FORCE_GATHER &&
-      kv_tensor_maps<D, T, kFp8>(prob.kv, PrefillPolicy<D, kFp8, true>::kBlockN, p)) {
+      kv_tensor_maps<D, T, kFp8>(prob.kv, PrefillPolicy<D, kFp8, true>::kBlockN, p.tm_k, p.tm_v, p.geo)) {
     run_prefill_with<PrefillPolicy<D, kFp8, true>, T, KV>(prob, a, p, num_sms, stream);
   } else {
     p.geo = PageGeometry::make(prob.kv.page_size, 0);

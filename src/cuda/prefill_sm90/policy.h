@@ -169,26 +169,6 @@ inline int cluster_size(int group, bool kv_tma) {
 /// Tokens of one request per query tile.
 inline int tokens_per_tile(int block_m, int pack) { return block_m / pack; }
 
-/// Rows of one TMA box of K / V: a page, or a tile when pages hold several tiles.
-inline int kv_box_rows(int page_size, int block_n) { return page_size < block_n ? page_size : block_n; }
-
-/// Whether K / V tiles can be loaded with one TMA box per page (per tile when a page
-/// holds several): pages of a multiple of 8 rows that either divide the tile or are a
-/// multiple of it (boxes never straddle a page, every 16-bit box starts on a 1024-byte
-/// swizzle boundary), 16-byte aligned base and strides, and coordinates that fit the
-/// tensor map's 32-bit dims. Otherwise the producer gathers rows with cp.async.
-inline bool kv_tma_ok(int page_size, int block_n, const void* k, const void* v, int64_t page_stride_bytes_k,
-                      int64_t token_stride_bytes_k, int64_t head_stride_bytes_k, int64_t page_stride_bytes_v,
-                      int64_t token_stride_bytes_v, int64_t head_stride_bytes_v, int64_t num_pages) {
-  if (page_size % 8 != 0) return false;
-  if (!(block_n % page_size == 0 || page_size % block_n == 0)) return false;
-  const auto a16 = [](int64_t x) { return x > 0 && x % 16 == 0 && x < (int64_t{1} << 40); };
-  if (!a16(page_stride_bytes_k) || !a16(token_stride_bytes_k) || !a16(head_stride_bytes_k)) return false;
-  if (!a16(page_stride_bytes_v) || !a16(token_stride_bytes_v) || !a16(head_stride_bytes_v)) return false;
-  if (reinterpret_cast<uintptr_t>(k) % 16 != 0 || reinterpret_cast<uintptr_t>(v) % 16 != 0) return false;
-  return num_pages > 0 && num_pages < (int64_t{1} << 31);
-}
-
 /// Whether Q (16-bit) can be loaded with TMA boxes of [tokens][pack heads][64].
 inline bool q_tma_ok(bool fp8_q, int64_t row_stride_bytes, int64_t head_stride_bytes, int64_t rows) {
   if (fp8_q) return false;

@@ -1,0 +1,470 @@
+// The Hopper decode kernel (sm_90a): split-KV decode and speculative verify with the G x
+// q_len query rows of a KV head packed into one m16 tile (mma.sync), K / V streamed by
+// TMA. Structure (policy.h):
+//   * persistent grid, one CTA per SM, walking the work items (request, KV head, split)
+//     blockIdx.x, + gridDim.x, ...; the split of each request is decode/policy.h's (its
+//     own length only: results are bitwise the same in any batch);
+//   * each of the CTA's warps takes a contiguous share of an item's key tiles and owns a
+//     ring of stages with one mbarrier each: it issues a tile's TMA boxes (one per page
+//     and 64-column panel) from one lane per box, and after using a stage refills it with
+//     the next tile of its stream, which runs on into the CTA's next item (no drain
+//     between items, no producer warp and no CTA-wide barrier inside an item);
+//   * Q in registers (A fragments), S = Q K^T and O += P V by m16n8k16 from the swizzled
+//     stages, the online softmax of online_softmax.cuh, the variant of device_variant.cuh;
+//   * the item's epilogue merges the warps' (m, l, O) in a fixed order and writes o and
+//     lse (one split) or the partials that decode_merge_kernel combines.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "cuda/common/attention_args.cuh"
+#include "cuda/common/convert.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/online_softmax.cuh"
+#include "cuda/decode/decode_kernel.cuh"
+#include "cuda/decode_sm90/policy.h"
+#include "cuda/hopper/device_variant.cuh"
+#include "cuda/hopper/paged_kv.cuh"
+#include "cuda/hopper/sm90.cuh"
+
+namespace pagedmha::cuda::sm90 {
+
+/// Passed as a __grid_constant__ parameter (TMA reads the tensor maps from it).
+struct DecodeSm90Params {
+  CUtensorMap tm_k;  // [pages][page_size][Hkv][D], boxes [1][geo.box_rows][1][64], 128B swizzle
+  CUtensorMap tm_v;
+  AttentionArgs a;
+  PageGeometry geo;
+};
+
+/// Shared memory: each warp's stages (K tile, then V tile; [KW][D] as 64-column panels of
+/// 128-byte swizzled rows, sm90.cuh tile_offset), the epilogue buffers and statistics,
+/// then the full barriers.
+template <class Pol>
+struct DecodeSmem {
+  char* base;
+  __device__ explicit DecodeSmem(char* raw)
+      : base(reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023})) {}
+  static constexpr int kRing = Pol::kWarps * Pol::kStages * Pol::kStageBytes;
+  __device__ char* k(int w, int s) const { return base + (w * Pol::kStages + s) * Pol::kStageBytes; }
+  __device__ char* v(int w, int s) const { return k(w, s) + Pol::kTileBytes; }
+  __device__ float* buf(int i) const { return reinterpret_cast<float*>(base + kRing) + i * Pol::kRows * Pol::kOStride; }
+  __device__ float* stat_m() const { return buf(2); }
+  __device__ float* stat_l() const { return stat_m() + Pol::kWarps * Pol::kRows; }
+  __device__ float* row_scale() const { return stat_l() + Pol::kWarps * Pol::kRows; }
+  __device__ uint64_t* full(int w, int s) const {
+    return reinterpret_cast<uint64_t*>(base + kRing + Pol::kEpiBytes + Pol::kStatBytes) + w * Pol::kStages + s;
+  }
+};
+
+/// The work items of a batch as one warp walks them, 32 requests at a time: lane j holds
+/// request base + j's length, split count and the inclusive prefix of items (splits x
+/// KV heads) within the window. Items are visited in increasing order.
+struct RequestScan {
+  int base = 0, before = 0;  // first request of the window; items of the requests before it
+  int len = 0, count = 0, incl = 0;
+
+  __device__ void load(const AttentionArgs& a, int first) {
+    const int lane = threadIdx.x & 31, b = first + lane;
+    base = first;
+    len = b < a.batch ? max(a.seq_lens[b], 0) : 0;
+    count = b < a.batch ? decode_split(a, len).count : 0;
+    int x = count * a.num_kv_heads;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    incl = x;
+  }
+
+  /// Item `item`: request b, its index `local` among the request's items, its split count
+  /// and length. False past the batch's last item.
+  __device__ bool locate(const AttentionArgs& a, int item, int& b, int& local, int& cnt, int& L) {
+    for (;;) {
+      const int total = __shfl_sync(0xffffffffu, incl, 31);
+      if (item - before < total) break;
+      if (base + 32 >= a.batch) return false;
+      before += total;
+      load(a, base + 32);
+    }
+    const int rel = item - before;
+    const int j = __popc(__ballot_sync(0xffffffffu, incl <= rel));  // requests wholly before it
+    const int excl = __shfl_sync(0xffffffffu, incl, j > 0 ? j - 1 : 0);
+    b = base + j;
+    local = rel - (j > 0 ? excl : 0);
+    cnt = __shfl_sync(0xffffffffu, count, j);
+    L = __shfl_sync(0xffffffffu, len, j);
+    return true;
+  }
+};
+
+/// One work item as warp `warp` sees it: the rows' visible keys and the warp's share of
+/// the item's key tiles (tiles of KW keys; decode_split with a.split_tile = KW).
+struct WarpItem {
+  int b, kv_head, split, count, L;
+  int lo, hi;            // keys any valid row sees (loaded)
+  int full_lo, full_hi;  // keys every valid row sees (tiles inside skip the mask)
+  int t0, t1;            // the warp's tiles [t0, t1)
+  int row_lo, row_hi;    // lane r < 16: row r's keys (0, 0 for padding rows)
+};
+
+template <class Pol>
+__device__ __forceinline__ WarpItem warp_item(const AttentionArgs& a, int b, int local, int count, int L, int warp) {
+  constexpr int KW = Pol::KW;
+  WarpItem it;
+  it.b = b;
+  it.count = count;
+  it.L = L;
+  it.split = local % count;
+  it.kv_head = local / count;  // one row chunk: G * q_len <= 16
+  const int lane = threadIdx.x & 31;
+  const DecodeRows rows{a, b, it.kv_head, 0, L};
+  const RowDesc d = rows(lane & 15);
+  const bool valid = lane < 16 && d.valid;
+  it.row_lo = valid ? d.lo : 0;
+  it.row_hi = valid ? d.hi : 0;
+  const bool sees = valid && d.lo < d.hi;
+  int lo = __reduce_min_sync(0xffffffffu, sees ? d.lo : INT_MAX);
+  int hi = __reduce_max_sync(0xffffffffu, sees ? d.hi : INT_MIN);
+  it.full_lo = __reduce_max_sync(0xffffffffu, valid ? d.lo : INT_MIN);
+  it.full_hi = __reduce_min_sync(0xffffffffu, valid ? d.hi : INT_MAX);
+  if (lo >= hi) lo = hi = 0;
+  it.lo = lo;
+  it.hi = hi;
+  // The split's tiles (as the portable decode_item), clipped to the keys the rows see.
+  const DecodeSplit sp = decode_split(a, L);
+  const int tb = max(sp.t0 + static_cast<int>(static_cast<int64_t>(it.split) * sp.nt / sp.count), lo / KW);
+  const int te = max(min(sp.t0 + static_cast<int>(static_cast<int64_t>(it.split + 1) * sp.nt / sp.count),
+                         (hi + KW - 1) / KW),
+                     tb);
+  const int n = te - tb;
+  it.t0 = tb + warp * n / Pol::kWarps;
+  it.t1 = tb + (warp + 1) * n / Pol::kWarps;
+  return it;
+}
+
+/// A warp's load stream: its tiles of the CTA's items in order, one TMA tile at a time.
+/// Lane u * kPanels + c issues box u (one page, or KW rows of a larger page) of panel c;
+/// its page id is read when the cursor reaches the tile, a tile before it is issued.
+template <class Pol>
+struct LoadStream {
+  RequestScan scan;
+  int item, stride, warp;
+  bool done;
+  int kv_head, lo, hi, tile, tile_end;
+  const int32_t* pages;
+  int page;  // this lane's page id for `tile`
+
+  __device__ void start(const AttentionArgs& a, const PageGeometry& g, int first, int step, int w) {
+    scan.load(a, 0);
+    item = first - step;
+    stride = step;
+    warp = w;
+    next_item(a);
+    if (!done) fetch_page(g);
+  }
+
+  __device__ void next_item(const AttentionArgs& a) {
+    for (;;) {
+      item += stride;
+      int b, local, cnt, L;
+      if (!scan.locate(a, item, b, local, cnt, L)) {
+        done = true;
+        return;
+      }
+      const WarpItem it = warp_item<Pol>(a, b, local, cnt, L, warp);
+      if (it.t0 < it.t1) {
+        done = false;
+        kv_head = it.kv_head;
+        lo = it.lo;
+        hi = it.hi;
+        tile = it.t0;
+        tile_end = it.t1;
+        pages = a.page_table + int64_t{b} * a.page_table_row_stride;
+        return;
+      }
+    }
+  }
+
+  /// Box u of panel c of this lane, its first key, and whether it holds keys in [lo, hi).
+  __device__ bool my_box(const PageGeometry& g, int& u, int& c, int& pos) const {
+    const int lane = threadIdx.x & 31;
+    u = lane / Pol::kPanels;
+    c = lane % Pol::kPanels;
+    pos = tile * Pol::KW + u * g.box_rows;
+    return u < Pol::KW / g.box_rows && pos < hi && pos + g.box_rows > lo;
+  }
+
+  __device__ void fetch_page(const PageGeometry& g) {
+    int u, c, pos;
+    page = my_box(g, u, c, pos) ? __ldg(pages + g.col(pos)) : 0;
+  }
+
+  /// Issues `tile` into stage (k_dst, v_dst) with barrier `full`, then moves on.
+  __device__ void issue_and_advance(const DecodeSm90Params& p, char* k_dst, char* v_dst, uint64_t* full) {
+    const PageGeometry& g = p.geo;
+    int u, c, pos;
+    const bool mine = my_box(g, u, c, pos);
+    const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, mine));
+    if ((threadIdx.x & 31) == 0) {
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(full, boxes * 2 * g.box_rows * 128);
+    }
+    __syncwarp();
+    if (mine) {
+      const uint32_t off = c * Pol::KW * 128 + u * g.box_rows * 128;
+      tma_load_4d(&p.tm_k, full, k_dst + off, c * 64, kv_head, g.row(pos), page, kEvictFirst);
+      tma_load_4d(&p.tm_v, full, v_dst + off, c * 64, kv_head, g.row(pos), page, kEvictFirst);
+    }
+    if (++tile == tile_end) next_item(p.a);
+    if (!done) fetch_page(g);
+  }
+};
+
+template <class Pol, class T>
+struct DecodeWarp {
+  static constexpr int D = Pol::kHeadDim, KW = Pol::KW, S = Pol::kStages, W = Pol::kWarps, R = Pol::kRows;
+  const DecodeSm90Params& p;
+  const DecodeSmem<Pol> sm;
+  int warp, lane;
+
+  __device__ void run() {
+    const AttentionArgs& a = p.a;
+    const DeviceVariant var{a};
+    LoadStream<Pol> ls;
+    ls.start(a, p.geo, blockIdx.x, gridDim.x, warp);
+    for (int s = 0; s < S && !ls.done; ++s) ls.issue_and_advance(p, sm.k(warp, s), sm.v(warp, s), sm.full(warp, s));
+
+    PipeState<S> st;
+    RequestScan scan;
+    scan.load(a, 0);
+    const int g = lane >> 2, t4 = lane & 3;
+    for (int item = blockIdx.x;; item += gridDim.x) {
+      int b, local, cnt, L;
+      if (!scan.locate(a, item, b, local, cnt, L)) break;
+      const WarpItem it = warp_item<Pol>(a, b, local, cnt, L, warp);
+      const DecodeRows rows{a, b, it.kv_head, 0, L};
+      float acc[D / 8][4];
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+      }
+      SoftmaxRows smx;
+      smx.init();
+      if (it.t0 < it.t1) {
+        uint32_t qa[D / 16][4];
+        load_q(rows, qa);
+        int lo[2], hi[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          lo[h] = __shfl_sync(0xffffffffu, it.row_lo, g + 8 * h);
+          hi[h] = __shfl_sync(0xffffffffu, it.row_hi, g + 8 * h);
+        }
+        for (int tile = it.t0; tile < it.t1; ++tile) {
+          wait(sm.full(warp, st.slot), st.phase);
+          const int key0 = tile * KW;
+          const bool tail = key0 + KW > L;
+          // V rows past the request's length hold whatever the page has there, which
+          // must not meet a zero probability: zero them (K's are masked).
+          if (tail) zero_rows(sm.v(warp, st.slot), max(L - key0, 0));
+          float s[KW / 8][4];
+          qk(qa, smem_addr(sm.k(warp, st.slot)), s);
+          var.template transform<false>(s);
+          if (!(key0 >= it.full_lo && key0 + KW <= it.full_hi)) {
+#pragma unroll
+            for (int i = 0; i < KW / 8; ++i) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int key = key0 + i * 8 + 2 * t4 + (e & 1);
+                if (key < lo[e >> 1] || key >= hi[e >> 1]) s[i][e] = -INFINITY;
+              }
+            }
+          }
+          // ftz: split results are compared within an ulp, not bitwise, across split
+          // counts, and a request's splits never depend on the batch (decode/policy.h).
+          smx.template update<KW / 8, D / 8, true>(s, acc);
+          pv(s, smem_addr(sm.v(warp, st.slot)), acc);
+          __syncwarp();  // every lane's reads of the stage are done before it is refilled
+          if (tail) fence_async_smem();  // the zeroing (generic proxy) before the next TMA write
+          if (!ls.done) ls.issue_and_advance(p, sm.k(warp, st.slot), sm.v(warp, st.slot), sm.full(warp, st.slot));
+          st.advance();
+        }
+      }
+      smx.finish();
+      if (cnt == 1) {
+        epilogue(smx, acc, DirectOut<T, DecodeRows>{a, rows});
+      } else {
+        epilogue(smx, acc, PartialOut<D, DecodeRows>{a, rows, it.split});
+      }
+    }
+  }
+
+  /// Q of rows g and g + 8 as m16n8k16 A fragments (zero for padding rows).
+  __device__ void load_q(const DecodeRows& rows, uint32_t (&qa)[D / 16][4]) const {
+    const AttentionArgs& a = p.a;
+    const int g = lane >> 2, t4 = lane & 3;
+    const RowDesc r0 = rows(g), r1 = rows(g + 8);
+    const uint32_t* q0 = reinterpret_cast<const uint32_t*>(
+        static_cast<const T*>(a.q) + (r0.valid ? r0.qrow * a.q_row_stride + int64_t{r0.head} * a.q_head_stride : 0));
+    const uint32_t* q1 = reinterpret_cast<const uint32_t*>(
+        static_cast<const T*>(a.q) + (r1.valid ? r1.qrow * a.q_row_stride + int64_t{r1.head} * a.q_head_stride : 0));
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      qa[kk][0] = r0.valid ? __ldg(q0 + kk * 8 + t4) : 0u;
+      qa[kk][1] = r1.valid ? __ldg(q1 + kk * 8 + t4) : 0u;
+      qa[kk][2] = r0.valid ? __ldg(q0 + kk * 8 + 4 + t4) : 0u;
+      qa[kk][3] = r1.valid ? __ldg(q1 + kk * 8 + 4 + t4) : 0u;
+    }
+  }
+
+  /// Rows [r0, KW) of a V tile set to zero.
+  __device__ void zero_rows(char* v, int r0) const {
+    const uint32_t base = smem_addr(v);
+    for (int idx = lane; idx < (KW - r0) * Pol::kChunks; idx += 32) {
+      sts128(base + tile_offset(KW, r0 + idx / Pol::kChunks, idx % Pol::kChunks), make_uint4(0, 0, 0, 0));
+    }
+    __syncwarp();
+  }
+
+  /// S = Q K^T over the warp tile's KW keys.
+  __device__ void qk(const uint32_t (&qa)[D / 16][4], uint32_t k_base, float (&s)[KW / 8][4]) const {
+#pragma unroll
+    for (int i = 0; i < KW / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < KW / 16; ++np) {
+        uint32_t kb[4];
+        const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4(kb, k_base + tile_offset(KW, key, 2 * kk + ((lane >> 3) & 1)));
+        mma_16816<T>(s[2 * np], qa[kk], kb[0], kb[1]);
+        mma_16816<T>(s[2 * np + 1], qa[kk], kb[2], kb[3]);
+      }
+    }
+  }
+
+  /// O += P V with P the tile's probabilities.
+  __device__ void pv(const float (&s)[KW / 8][4], uint32_t v_base, float (&acc)[D / 8][4]) const {
+#pragma unroll
+    for (int kk = 0; kk < KW / 16; ++kk) {
+      uint32_t pa[4];
+      pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      const int key = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, v_base + tile_offset(KW, key, 2 * dp + (lane >> 4)));
+        mma_16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
+        mma_16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+      }
+    }
+  }
+
+  /// The CTA's merge of the warps' rows (each relative to its own integer reference):
+  /// rescaled to the row maximum; warps 0 and 1 write the two buffers, 2 and 3 add to
+  /// them, and o = (buffer 0 + buffer 1) * the row's scale from `out`.
+  template <class Out>
+  __device__ void epilogue(const SoftmaxRows& smx, const float (&acc)[D / 8][4], const Out& out) const {
+    const int g = lane >> 2, t4 = lane & 3, tid = threadIdx.x;
+    if (t4 == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sm.stat_m()[warp * R + g + 8 * h] = smx.m[h];
+        sm.stat_l()[warp * R + g + 8 * h] = smx.l[h];
+      }
+    }
+    __syncthreads();
+    if (tid < R) {
+      float m_all = -INFINITY, l_all = 0.0f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, sm.stat_m()[w * R + tid]);
+      if (m_all != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < W; ++w) l_all += sm.stat_l()[w * R + tid] * fast_exp2(sm.stat_m()[w * R + tid] - m_all);
+      }
+      sm.row_scale()[tid] = out.finish_row(tid, m_all, l_all);
+    }
+    float f[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m_all = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, sm.stat_m()[w * R + g + 8 * h]);
+      f[h] = m_all == -INFINITY ? 0.0f : fast_exp2(smx.m[h] - m_all);
+    }
+    float* buf = sm.buf(warp & 1);
+    if (warp < 2) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          *reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + 8 * i + 2 * t4) =
+              make_float2(acc[i][2 * h] * f[h], acc[i][2 * h + 1] * f[h]);
+        }
+      }
+    }
+    __syncthreads();
+    if (warp >= 2) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          float2* x = reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + 8 * i + 2 * t4);
+          const float2 y = *x;
+          *x = make_float2(y.x + acc[i][2 * h] * f[h], y.y + acc[i][2 * h + 1] * f[h]);
+        }
+      }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < R * (D / 8); idx += Pol::kThreads) {
+      const int r = idx / (D / 8), c = idx % (D / 8);
+      if (!out.row_valid(r)) continue;
+      const float4* x = reinterpret_cast<const float4*>(sm.buf(0) + r * Pol::kOStride + 8 * c);
+      const float4* y = reinterpret_cast<const float4*>(sm.buf(1) + r * Pol::kOStride + 8 * c);
+      const float sc = sm.row_scale()[r];
+      const float4 x0 = x[0], x1 = x[1], y0 = y[0], y1 = y[1];
+      const float v[8] = {(x0.x + y0.x) * sc, (x0.y + y0.y) * sc, (x0.z + y0.z) * sc, (x0.w + y0.w) * sc,
+                          (x1.x + y1.x) * sc, (x1.y + y1.y) * sc, (x1.z + y1.z) * sc, (x1.w + y1.w) * sc};
+      out.store8(r, c, v);
+    }
+  }
+};
+
+template <int D, class T>
+__global__ void __launch_bounds__(DecodePolicy<D>::kThreads, 1) decode_sm90_kernel(const __grid_constant__ DecodeSm90Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Pol = DecodePolicy<D>;
+  extern __shared__ char smem_raw[];
+  const DecodeSmem<Pol> sm(smem_raw);
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int w = 0; w < Pol::kWarps; ++w) {
+      for (int s = 0; s < Pol::kStages; ++s) Barrier::init(sm.full(w, s), 1);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  // V rows a tile does not load meet probability 0: the stages start finite (zero).
+  for (int w = 0; w < Pol::kWarps; ++w) {
+    for (int s = 0; s < Pol::kStages; ++s) {
+      uint4* v = reinterpret_cast<uint4*>(sm.v(w, s));
+      for (int i = tid; i < Pol::kTileBytes / 16; i += Pol::kThreads) v[i] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  fence_async_smem();
+  __syncthreads();
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the merge may start its CTAs
+  DecodeWarp<Pol, T>{p, sm, tid >> 5, tid & 31}.run();
+#endif
+}
+
+}  // namespace pagedmha::cuda::sm90

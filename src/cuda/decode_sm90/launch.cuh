@@ -1,0 +1,47 @@
+// Host side of the Hopper decode: the dispatch condition (policy.h, then paged_kv.cuh's
+// kv_tma_ok through the tensor maps) and the launches (decode grid, then the merge when
+// a request may split). Included by the per-head-dim instantiation files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "cuda/common/arch.h"
+#include "cuda/common/attention_args.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/decode_sm90/kernel.cuh"
+#include "cuda/decode_sm90/policy.h"
+#include "cuda/hopper/paged_kv.cuh"
+
+namespace pagedmha::cuda::sm90 {
+
+/// Runs batch_decode on the Hopper kernel when the call fits it (a: the launcher's
+/// arguments, split policy set); false, with nothing launched, when it does not.
+template <int D, class T>
+bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& args, int sm_count, cudaStream_t stream) {
+  using Pol = DecodePolicy<D>;
+  if (!decode_sm90_rows_ok(args.group, args.q_len_per_req, args.q_fp8)) return false;
+  DecodeSm90Params p{};
+  if (!kv_tensor_maps<D, T, false>(prob.kv, Pol::KW, p.tm_k, p.tm_v, p.geo)) return false;
+  p.a = args;
+  p.a.split_tile = Pol::KW;
+  p.a.row_chunks = 1;
+  static std::atomic<int> smem_set[kMaxDevices];
+  once_per_device(smem_set, prob.device.index, [] {
+    allow_dynamic_smem(decode_sm90_kernel<D, T>, Pol::kSmemBytes);
+    return 1;
+  });
+  const int max_count = p.a.forced_splits > 0 ? p.a.forced_splits : p.a.max_splits;
+  const int64_t max_items = static_cast<int64_t>(p.a.batch) * p.a.num_kv_heads * max_count;
+  const int grid = static_cast<int>(std::min<int64_t>(max_items, sm_count));
+  if (grid == 0) return true;  // no request
+  decode_sm90_kernel<D, T><<<grid, Pol::kThreads, Pol::kSmemBytes, stream>>>(p);
+  PAGEDMHA_CUDA_CHECK_LAUNCH();
+  if (max_count > 1) launch_decode_merge<D, T>(p.a, prob.device.index, stream);
+  return true;
+}
+
+}  // namespace pagedmha::cuda::sm90

@@ -1,0 +1,76 @@
+// Tile sizes, stage counts and the dispatch condition of the Hopper decode kernel
+// (kernel.cuh), with their reasons. Plain C++ (host and device). The split of a
+// request's keys into work items is decode/policy.h's, shared with the portable decode.
+#pragma once
+
+// Experiment knobs (bench/decode_variants.sh): PAGEDMHA_DECODE_SM90_KW=k keys per warp
+// tile, PAGEDMHA_DECODE_SM90_STAGES=s stages per warp, PAGEDMHA_DECODE_SM90=0 keeps
+// every decode on the portable kernel.
+#ifndef PAGEDMHA_DECODE_SM90_KW
+#define PAGEDMHA_DECODE_SM90_KW 32
+#endif
+#ifndef PAGEDMHA_DECODE_SM90_STAGES
+#define PAGEDMHA_DECODE_SM90_STAGES 0
+#endif
+#ifndef PAGEDMHA_DECODE_SM90
+#define PAGEDMHA_DECODE_SM90 1
+#endif
+
+namespace pagedmha::cuda::sm90 {
+
+/// One CTA per SM; its kWarps warps share each work item (request, KV head, split) and
+/// each streams a contiguous share of the item's key tiles through a ring of its own
+/// (TMA boxes per page, an mbarrier per stage). A warp refills the stage it has just
+/// used with the next tile of its stream, which crosses into the CTA's next item without
+/// draining: the loads of the next item run during this item's last tiles and epilogue
+/// (the portable decode refilled and drained its pipeline per item and kept one 32 KB
+/// stage in flight per CTA: docs/perf-notes/decode.md, "What is in the way").
+template <int D>
+struct DecodePolicy {
+  static constexpr int kHeadDim = D;
+  // Four warps: one per SMSP. A warp needs ~25 instructions per key and tile phase at
+  // D = 128 against a budget of ~110 cycles per key at the read ceiling (34 GB/s per SM).
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  // The G * q_len query rows of a KV head in one m16 tile (mma.sync m16n8k16): decode
+  // rows are few (G = 4..8), so wgmma's 64-row minimum would waste 3/4 or more of it.
+  static constexpr int kRows = 16;
+  // Keys per warp tile: 32 (S in 16 registers): half the per-tile costs (barrier wait,
+  // row maxima, the rescale test) of 16 keys for the same bytes in flight.
+  static constexpr int KW = PAGEDMHA_DECODE_SM90_KW;
+  static constexpr int kPanels = D / 64;  // 128-byte swizzled panels of a 16-bit row
+  static constexpr int kChunks = D / 8;   // 16-byte chunks of a row
+  static constexpr int kTileBytes = KW * D * 2;  // K or V of one warp tile
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  // Epilogue: two fp32 [kRows][D + 8] buffers (warps 0 and 1 write, 2 and 3 add: a fixed
+  // order, so results do not depend on timing), then (m, l) per warp and row and the
+  // row scales.
+  static constexpr int kOStride = D + 8;
+  static constexpr int kEpiBytes = 2 * kRows * kOStride * 4;
+  static constexpr int kStatBytes = (2 * kWarps * kRows + kRows) * 4;
+  static constexpr int kMaxStages = 8;
+  static constexpr int kBarrierBytes = kWarps * kMaxStages * 8;
+  // Stages per warp: as many as the SM's shared memory holds (3 at D = 128: 192 KB of
+  // K / V in flight per SM; 6 at D = 64).
+  static constexpr int kStagesFit =
+      (227 * 1024 - 1024 - kEpiBytes - kStatBytes - kBarrierBytes) / (kWarps * kStageBytes);
+  static constexpr int kStages = PAGEDMHA_DECODE_SM90_STAGES > 0 ? PAGEDMHA_DECODE_SM90_STAGES
+                                 : kStagesFit < kMaxStages      ? kStagesFit
+                                                                : kMaxStages;
+  static constexpr int kSmemBytes =
+      1024 /* alignment */ + kWarps * kStages * kStageBytes + kEpiBytes + kStatBytes + kBarrierBytes;
+
+  static_assert(D == 64 || D == 128, "head dims of the Hopper decode (D = 256 stays portable)");
+  static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
+  static_assert(kStages >= 2 && kStages <= kMaxStages, "stages");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+/// Whether a decode call runs here: G * q_len_per_req rows fit one m16 tile, 16-bit
+/// queries (fp8 caches and queries stay on the portable kernel for now), and the switch.
+/// The K / V layout test (TMA boxes per page) is paged_kv.cuh's kv_tma_ok.
+inline bool decode_sm90_rows_ok(int group, int q_len_per_req, bool q_fp8) {
+  return PAGEDMHA_DECODE_SM90 != 0 && !q_fp8 && group * q_len_per_req <= 16;
+}
+
+}  // namespace pagedmha::cuda::sm90
