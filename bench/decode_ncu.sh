@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DRAM throughput of the decode kernel on chosen shapes of `bench_attention.py --decode`,
-# measured by Nsight Compute (one decode_kernel launch per shape, after 3 warm-up
+# measured by Nsight Compute (one decode_kernel or decode_sm90_kernel launch per shape, after 3 warm-up
 # launches). Needs a CUDA build (default build/cuda) and ncu; prints the metrics.
 #
 #   bash bench/decode_ncu.sh ['^decode llama3-70b-tp8 256x2k q1 p16' ...]
@@ -15,7 +15,7 @@ metrics=$metrics,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_s
 for f in "${filters[@]}"; do
   echo "== $f"
   # OUT (the GPU machine's result folder) would receive the bench's JSON: not wanted here.
-  env -u OUT PYTHONPATH="$PWD/python" PAGEDMHA_BUILD_DIR="$build" "$ncu" -k regex:decode_kernel --launch-skip 3 \
+  env -u OUT PYTHONPATH="$PWD/python" PAGEDMHA_BUILD_DIR="$build" "$ncu" -k "regex:decode(_sm90)?_kernel" --launch-skip 3 \
     --launch-count 1 --metrics "$metrics" python3 bench/bench_attention.py --decode --filter "$f" \
-    --out-dir "${TMPDIR:-/tmp}/decode-ncu" 2>&1 | grep -E "decode_kernel|gpu__|dram__|sm__|launch__"
+    --out-dir "${TMPDIR:-/tmp}/decode-ncu" 2>&1 | grep -E "decode(_sm90)?_kernel|gpu__|dram__|sm__|launch__"
 done

@@ -371,8 +371,8 @@ struct DecodeWarp {
   }
 
   /// The CTA's merge of the warps' rows (each relative to its own integer reference):
-  /// rescaled to the row maximum; warps 0 and 1 write the two buffers, 2 and 3 add to
-  /// them, and o = (buffer 0 + buffer 1) * the row's scale from `out`.
+  /// rescaled to the row maximum; warps 0 and 1 write the two buffers, each further pair
+  /// adds to them in turn, and o = (buffer 0 + buffer 1) * the row's scale from `out`.
   template <class Out>
   __device__ void epilogue(const SoftmaxRows& smx, const float (&acc)[D / 8][4], const Out& out) const {
     const int g = lane >> 2, t4 = lane & 3, tid = threadIdx.x;
@@ -413,15 +413,17 @@ struct DecodeWarp {
         }
       }
     }
-    __syncthreads();
-    if (warp >= 2) {
+    for (int pair = 1; pair < W / 2; ++pair) {
+      __syncthreads();
+      if ((warp >> 1) == pair) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          float2* x = reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + 8 * i + 2 * t4);
-          const float2 y = *x;
-          *x = make_float2(y.x + acc[i][2 * h] * f[h], y.y + acc[i][2 * h + 1] * f[h]);
+          for (int i = 0; i < D / 8; ++i) {
+            float2* x = reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + 8 * i + 2 * t4);
+            const float2 y = *x;
+            *x = make_float2(y.x + acc[i][2 * h] * f[h], y.y + acc[i][2 * h + 1] * f[h]);
+          }
         }
       }
     }

@@ -3,11 +3,14 @@
 // request's keys into work items is decode/policy.h's, shared with the portable decode.
 #pragma once
 
-// Experiment knobs (bench/decode_variants.sh): PAGEDMHA_DECODE_SM90_KW=k keys per warp
-// tile, PAGEDMHA_DECODE_SM90_STAGES=s stages per warp, PAGEDMHA_DECODE_SM90=0 keeps
-// every decode on the portable kernel.
+// Experiment knobs (bench/decode_variants.sh): PAGEDMHA_DECODE_SM90_WARPS=w warps per CTA,
+// PAGEDMHA_DECODE_SM90_KW=k keys per warp tile, PAGEDMHA_DECODE_SM90_STAGES=s stages per
+// warp, PAGEDMHA_DECODE_SM90=0 keeps every decode on the portable kernel.
+#ifndef PAGEDMHA_DECODE_SM90_WARPS
+#define PAGEDMHA_DECODE_SM90_WARPS 8
+#endif
 #ifndef PAGEDMHA_DECODE_SM90_KW
-#define PAGEDMHA_DECODE_SM90_KW 32
+#define PAGEDMHA_DECODE_SM90_KW 0
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_STAGES
 #define PAGEDMHA_DECODE_SM90_STAGES 0
@@ -28,30 +31,33 @@ namespace pagedmha::cuda::sm90 {
 template <int D>
 struct DecodePolicy {
   static constexpr int kHeadDim = D;
-  // Four warps: one per SMSP. A warp needs ~25 instructions per key and tile phase at
-  // D = 128 against a budget of ~110 cycles per key at the read ceiling (34 GB/s per SM).
-  static constexpr int kWarps = 4;
+  // Eight warps, two per SMSP: with one warp per SMSP (four) every dependent step of a
+  // tile (ldmatrix -> mma chains, the softmax's shuffles and ex2) is exposed, and a warp
+  // took ~1.8 us per tile: 5-30% below the portable decode's 12 warps per SM
+  // (H200, sixth session run 2, docs/perf-notes/decode.md).
+  static constexpr int kWarps = PAGEDMHA_DECODE_SM90_WARPS;
   static constexpr int kThreads = 32 * kWarps;
   // The G * q_len query rows of a KV head in one m16 tile (mma.sync m16n8k16): decode
   // rows are few (G = 4..8), so wgmma's 64-row minimum would waste 3/4 or more of it.
   static constexpr int kRows = 16;
-  // Keys per warp tile: 32 (S in 16 registers): half the per-tile costs (barrier wait,
-  // row maxima, the rescale test) of 16 keys for the same bytes in flight.
-  static constexpr int KW = PAGEDMHA_DECODE_SM90_KW;
+  // Keys per warp tile: 32 (S in 16 registers: half the per-tile costs of 16 keys, the
+  // barrier wait, row maxima and rescale test); 16 at D = 128 with eight warps, whose
+  // 8 KB tiles keep three stages per warp in shared memory.
+  static constexpr int KW = PAGEDMHA_DECODE_SM90_KW > 0 ? PAGEDMHA_DECODE_SM90_KW : (D == 128 && kWarps > 4 ? 16 : 32);
   static constexpr int kPanels = D / 64;  // 128-byte swizzled panels of a 16-bit row
   static constexpr int kChunks = D / 8;   // 16-byte chunks of a row
   static constexpr int kTileBytes = KW * D * 2;  // K or V of one warp tile
   static constexpr int kStageBytes = 2 * kTileBytes;
-  // Epilogue: two fp32 [kRows][D + 8] buffers (warps 0 and 1 write, 2 and 3 add: a fixed
-  // order, so results do not depend on timing), then (m, l) per warp and row and the
-  // row scales.
+  // Epilogue: two fp32 [kRows][D + 8] buffers (warps 0 and 1 write, then each further
+  // pair adds, 2 and 3 first: a fixed order, so results do not depend on timing), then
+  // (m, l) per warp and row and the row scales.
   static constexpr int kOStride = D + 8;
   static constexpr int kEpiBytes = 2 * kRows * kOStride * 4;
   static constexpr int kStatBytes = (2 * kWarps * kRows + kRows) * 4;
   static constexpr int kMaxStages = 8;
   static constexpr int kBarrierBytes = kWarps * kMaxStages * 8;
-  // Stages per warp: as many as the SM's shared memory holds (3 at D = 128: 192 KB of
-  // K / V in flight per SM; 6 at D = 64).
+  // Stages per warp: as many as the SM's shared memory holds (eight warps: 3 at D = 64
+  // and D = 128, 192 KB of K / V per SM).
   static constexpr int kStagesFit =
       (227 * 1024 - 1024 - kEpiBytes - kStatBytes - kBarrierBytes) / (kWarps * kStageBytes);
   static constexpr int kStages = PAGEDMHA_DECODE_SM90_STAGES > 0 ? PAGEDMHA_DECODE_SM90_STAGES
@@ -62,6 +68,7 @@ struct DecodePolicy {
 
   static_assert(D == 64 || D == 128, "head dims of the Hopper decode (D = 256 stays portable)");
   static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
+  static_assert(kWarps % 2 == 0 && kWarps <= 8, "warp pairs in the epilogue");
   static_assert(kStages >= 2 && kStages <= kMaxStages, "stages");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
