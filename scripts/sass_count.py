@@ -4,14 +4,16 @@
 A report for before / after comparisons (docs/perf-notes/decode.md), not a check: the rules below
 are simple and deterministic, not an exact attribution of every instruction.
 
-For every kernel whose mangled name matches --kernels (default: the decode kernels) in
+For every kernel whose mangled name matches --kernels (default: the decode kernels, the
+portable decode_kernel and the Hopper decode_sm90_kernel) in
 the code for --arch (default sm_90a) of the given object files or executables
 (cuobjdump --dump-sass), it finds the key-tile loop and classifies its instructions.
 
 Key-tile loop: each backward branch (target <= its own address) closes a loop [target,
 branch] (back-edges to one target: the last one). The key-tile loop is the innermost loop
-that holds an HMMA and an LDGSTS (the persistent work-item loop around it holds them
-too, so the largest would be the wrong one). Counts are static: each instruction of the
+that holds an HMMA and an LDGSTS or UTMALDG (the Hopper decode's warps issue their next
+tile's TMA boxes in the loop; the persistent work-item loop around it holds them too, so
+the largest would be the wrong one). Counts are static: each instruction of the
 address range once, both sides of its branches (soft cap, boundary-tile mask) and inner
 loops (the page walk) included, not what one tile executes.
 
@@ -36,7 +38,9 @@ Phases, the first rule that matches wins:
 Per kernel: the template instance read from the demangled AttentionTraits<D, T, KV, WM,
 MT, KW, ...> (c++filt), keys per tile BN = KW * (4 / WM) with KW's default as in
 attention_mainloop.cuh, the loop's count, the count per phase, and instructions per key:
-each warp runs the loop body once per tile for its KW keys, so count / KW per warp.
+each warp runs the loop body once per tile for its KW keys, so count / KW per warp. For
+decode_sm90_kernel<D, T> KW (and BN, a warp's tile) comes from --sm90-kw (D=KW pairs, the
+library's defaults of decode_sm90/policy.h) and WM is reported as 1 (16 rows).
 
   python3 scripts/sass_count.py build/cuda/src/CMakeFiles/pagedmha.dir/cuda/decode/*.o --json counts.json
 
@@ -124,7 +128,7 @@ def classify(body):
 
 def key_tile_loop(ins):
     """(start, end) indices (inclusive) of the key-tile loop in a function's Instructions,
-    or None: the innermost backward-branch range holding an HMMA and an LDGSTS."""
+    or None: the innermost backward-branch range holding an HMMA and an LDGSTS or UTMALDG."""
     index = {x.addr: i for i, x in enumerate(ins)}
     loops = {}  # target index -> last back-edge index
     for i, x in enumerate(ins):
@@ -134,7 +138,7 @@ def key_tile_loop(ins):
     best = None
     for s, e in loops.items():
         ops = {y.base for y in ins[s:e + 1]}
-        if "HMMA" in ops and "LDGSTS" in ops and (best is None or e - s < best[1] - best[0]):
+        if "HMMA" in ops and ops & {"LDGSTS", "UTMALDG"} and (best is None or e - s < best[1] - best[0]):
             best = (s, e)
     return best
 
@@ -142,9 +146,19 @@ def key_tile_loop(ins):
 _TYPES = {"__nv_bfloat16": "bf16", "__half": "fp16", "__nv_fp8_e4m3": "fp8", "__nv_fp8_e5m2": "fp8e5m2"}
 
 
+SM90_KW = {64: 32, 128: 16}  # decode_sm90/policy.h defaults (eight warps)
+
+
 def traits(demangled):
     """The instance of AttentionTraits<D, T, KV, WM, MT = 1, KW = 0, ...> in a demangled
-    kernel name, with KW's default resolved and BN = KW * (4 / WM); None if absent."""
+    kernel name, with KW's default resolved and BN = KW * (4 / WM), or of
+    decode_sm90_kernel<D, T> (KW from SM90_KW, BN = KW: one warp's tile); None if absent."""
+    t = lambda s: _TYPES.get(s.split("::")[-1], s.split("::")[-1])
+    m = re.search(r"decode_sm90_kernel<(\d+), ([\w:]+)>", demangled)
+    if m:
+        d = int(m.group(1))
+        kw = SM90_KW.get(d, 32)
+        return {"D": d, "T": t(m.group(2)), "KV": t(m.group(2)), "WM": 1, "MT": 1, "KW": kw, "BN": kw}
     m = re.search(r"AttentionTraits<(\d+), ([\w:]+), ([\w:]+), (\d+)((?:, \w+)*)>", demangled)
     if not m:
         return None
@@ -155,7 +169,6 @@ def traits(demangled):
     wn = 4 // wm
     if kw == 0:  # as AttentionTraits::KW
         kw = ((32 if d == 256 or mt == 2 else 64) if wn == 1 else 16)
-    t = lambda s: _TYPES.get(s.split("::")[-1], s.split("::")[-1])
     return {"D": d, "T": t(m.group(2)), "KV": t(m.group(3)), "WM": wm, "MT": mt, "KW": kw, "BN": kw * wn}
 
 
@@ -192,7 +205,7 @@ def report(name, demangled, ins):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+", help="object files or executables")
-    ap.add_argument("--kernels", default=r"decode_kernel", help="regex over mangled kernel names")
+    ap.add_argument("--kernels", default=r"decode_(sm90_)?kernel", help="regex over mangled kernel names")
     ap.add_argument("--arch", default="sm_90a", help="the code to read (cuobjdump's `code for ARCH`), or 'all'")
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON to PATH")
     ap.add_argument("--list", action="store_true", help="also print every loop instruction with its phase")

@@ -1,6 +1,7 @@
 // batch_decode's one dispatch point and launcher: the split policy, workspace layout and
-// forced split count, then the Hopper decode (decode_sm90/) on sm_90a where the call fits
-// it (16-bit cache and queries, D <= 128, G * q_len <= 16, a TMA layout), else the
+// forced split count, then the Hopper decode (decode_sm90/) on sm_90a where it is
+// switched on (PAGEDMHA_DECODE_SM90, off by default: decode_sm90/policy.h) and the call
+// fits it (16-bit cache and queries, D <= 128, G * q_len <= 16, a TMA layout), else the
 // portable mma.sync decode (decode_kernel.cuh). The split count of each request is
 // decided on the device from its own length.
 #include <cuda_runtime.h>

@@ -3,9 +3,14 @@
 // request's keys into work items is decode/policy.h's, shared with the portable decode.
 #pragma once
 
-// Experiment knobs (bench/decode_variants.sh): PAGEDMHA_DECODE_SM90_WARPS=w warps per CTA,
-// PAGEDMHA_DECODE_SM90_KW=k keys per warp tile, PAGEDMHA_DECODE_SM90_STAGES=s stages per
-// warp, PAGEDMHA_DECODE_SM90=0 keeps every decode on the portable kernel.
+// PAGEDMHA_DECODE_SM90=1 routes the decodes this kernel takes (decode_sm90_rows_ok and a
+// TMA layout) to it. Off by default: on the H200 it is 5-50% slower than the portable
+// decode on every standard shape (sixth session, runs 2 and 3: the per-item and per-tile
+// latency chains of a warp that issues its own loads, docs/perf-notes/decode.md, "The
+// Hopper decode"). It passes the GPU suite and the sanitizers when on (98acff5) and is
+// the base for the producer-warp version. Experiment knobs (bench/decode_variants.sh):
+// PAGEDMHA_DECODE_SM90_WARPS=w warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per warp
+// tile, PAGEDMHA_DECODE_SM90_STAGES=s stages per warp.
 #ifndef PAGEDMHA_DECODE_SM90_WARPS
 #define PAGEDMHA_DECODE_SM90_WARPS 8
 #endif
@@ -16,7 +21,7 @@
 #define PAGEDMHA_DECODE_SM90_STAGES 0
 #endif
 #ifndef PAGEDMHA_DECODE_SM90
-#define PAGEDMHA_DECODE_SM90 1
+#define PAGEDMHA_DECODE_SM90 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -32,9 +37,9 @@ template <int D>
 struct DecodePolicy {
   static constexpr int kHeadDim = D;
   // Eight warps, two per SMSP: with one warp per SMSP (four) every dependent step of a
-  // tile (ldmatrix -> mma chains, the softmax's shuffles and ex2) is exposed, and a warp
-  // took ~1.8 us per tile: 5-30% below the portable decode's 12 warps per SM
-  // (H200, sixth session run 2, docs/perf-notes/decode.md).
+  // tile (ldmatrix -> mma chains, the softmax's shuffles and ex2) is exposed; eight gained
+  // 20-26% on gpt-oss over four and lost 3-8% on llama3-8b (H200, sixth session runs 2
+  // and 3, docs/perf-notes/decode.md).
   static constexpr int kWarps = PAGEDMHA_DECODE_SM90_WARPS;
   static constexpr int kThreads = 32 * kWarps;
   // The G * q_len query rows of a KV head in one m16 tile (mma.sync m16n8k16): decode
@@ -73,8 +78,9 @@ struct DecodePolicy {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-/// Whether a decode call runs here: G * q_len_per_req rows fit one m16 tile, 16-bit
-/// queries (fp8 caches and queries stay on the portable kernel for now), and the switch.
+/// Whether a decode call runs here: the switch (PAGEDMHA_DECODE_SM90), G * q_len_per_req
+/// rows in one m16 tile, 16-bit queries (fp8 caches and queries stay on the portable
+/// kernel).
 /// The K / V layout test (TMA boxes per page) is paged_kv.cuh's kv_tma_ok.
 inline bool decode_sm90_rows_ok(int group, int q_len_per_req, bool q_fp8) {
   return PAGEDMHA_DECODE_SM90 != 0 && !q_fp8 && group * q_len_per_req <= 16;
