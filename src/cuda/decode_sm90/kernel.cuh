@@ -267,10 +267,11 @@ struct DecodeWarp {
         for (int tile = it.t0; tile < it.t1; ++tile) {
           wait(sm.full(warp, st.slot), st.phase);
           const int key0 = tile * KW;
-          const bool tail = key0 + KW > L;
-          // V rows past the request's length hold whatever the page has there, which
-          // must not meet a zero probability: zero them (K's are masked).
-          if (tail) zero_rows(sm.v(warp, st.slot), max(L - key0, 0));
+          // V rows outside the keys any row sees (past L: whatever the page holds; before
+          // a window's start, or of skipped boxes: stale rows) must not meet a zero
+          // probability: zero them, as the portable loader zero-fills (K's are masked).
+          const bool edge = key0 < it.lo || key0 + KW > it.hi;
+          if (edge) zero_rows_outside(sm.v(warp, st.slot), min(max(it.lo - key0, 0), KW), min(max(it.hi - key0, 0), KW));
           float s[KW / 8][4];
           qk(qa, smem_addr(sm.k(warp, st.slot)), s);
           var.template transform<false>(s);
@@ -289,7 +290,7 @@ struct DecodeWarp {
           smx.template update<KW / 8, D / 8, true>(s, acc);
           pv(s, smem_addr(sm.v(warp, st.slot)), acc);
           __syncwarp();  // every lane's reads of the stage are done before it is refilled
-          if (tail) fence_async_smem();  // the zeroing (generic proxy) before the next TMA write
+          if (edge) fence_async_smem();  // the zeroing (generic proxy) before the next TMA write
           if (!ls.done) ls.issue_and_advance(p, sm.k(warp, st.slot), sm.v(warp, st.slot), sm.full(warp, st.slot));
           st.advance();
         }
@@ -321,11 +322,12 @@ struct DecodeWarp {
     }
   }
 
-  /// Rows [r0, KW) of a V tile set to zero.
-  __device__ void zero_rows(char* v, int r0) const {
+  /// The rows of a V tile outside [r0, r1) set to zero.
+  __device__ void zero_rows_outside(char* v, int r0, int r1) const {
     const uint32_t base = smem_addr(v);
-    for (int idx = lane; idx < (KW - r0) * Pol::kChunks; idx += 32) {
-      sts128(base + tile_offset(KW, r0 + idx / Pol::kChunks, idx % Pol::kChunks), make_uint4(0, 0, 0, 0));
+    for (int idx = lane; idx < KW * Pol::kChunks; idx += 32) {
+      const int r = idx / Pol::kChunks;
+      if (r < r0 || r >= r1) sts128(base + tile_offset(KW, r, idx % Pol::kChunks), make_uint4(0, 0, 0, 0));
     }
     __syncwarp();
   }

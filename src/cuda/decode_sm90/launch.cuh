@@ -16,7 +16,18 @@
 #include "cuda/decode_sm90/policy.h"
 #include "cuda/hopper/paged_kv.cuh"
 
-namespace pagedmha::cuda::sm90 {
+namespace pagedmha::cuda {
+
+// The merge is instantiated once, in the portable decode's translation units
+// (decode/decode_hd{64,128}.cu, built for every architecture): an instantiation here,
+// built for sm_90a only, could be the copy the linker keeps for the portable decode too,
+// and an A100 or L40 would then find no kernel image for its merge.
+extern template void launch_decode_merge<64, __nv_bfloat16>(const AttentionArgs&, int, cudaStream_t);
+extern template void launch_decode_merge<64, __half>(const AttentionArgs&, int, cudaStream_t);
+extern template void launch_decode_merge<128, __nv_bfloat16>(const AttentionArgs&, int, cudaStream_t);
+extern template void launch_decode_merge<128, __half>(const AttentionArgs&, int, cudaStream_t);
+
+namespace sm90 {
 
 /// Runs batch_decode on the Hopper kernel when the call fits it (a: the launcher's
 /// arguments, split policy set); false, with nothing launched, when it does not.
@@ -44,4 +55,5 @@ bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& args,
   return true;
 }
 
-}  // namespace pagedmha::cuda::sm90
+}  // namespace sm90
+}  // namespace pagedmha::cuda
