@@ -89,6 +89,12 @@ struct Producer {
 
   // ---- Q ---------------------------------------------------------------------------
 
+  /// Element offset in q of row r of query tile t: token `tok` (= r / pack), head
+  /// head0 + r % pack.
+  __device__ int64_t q_offset(const QueryTile& t, int tok, int r) const {
+    return int64_t{t.q_row0 + tok} * p.a.q_row_stride + int64_t{t.head0 + r % p.pack} * p.a.q_head_stride;
+  }
+
   __device__ void load_q(const QueryTile& t, int slot) {
     const int rows = p.space.tokens * p.pack;
     char* const q_smem = sm.q(slot);
@@ -115,8 +121,7 @@ struct Producer {
         const bool valid = r < rows && tok < t.n_tok;
         const char* src = q;
         if (valid) {
-          src += (int64_t{t.q_row0 + tok} * p.a.q_row_stride + int64_t{t.head0 + r % p.pack} * p.a.q_head_stride) * 2 +
-                 c * 16;
+          src += q_offset(t, tok, r) * 2 + c * 16;
         }
         cp_async_16(smem_addr(q_smem + tile_offset(BM, r, c)), src, valid);
       }
@@ -129,8 +134,7 @@ struct Producer {
         const int tok = r / p.pack;
         uint4 out[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
         if (r < rows && tok < t.n_tok) {
-          const uint4 raw_q = __ldg(reinterpret_cast<const uint4*>(
-              q + int64_t{t.q_row0 + tok} * p.a.q_row_stride + int64_t{t.head0 + r % p.pack} * p.a.q_head_stride + c * 16));
+          const uint4 raw_q = __ldg(reinterpret_cast<const uint4*>(q + q_offset(t, tok, r) + c * 16));
           fp8x16_to<M>(raw_q, out);
         }
         sts128(smem_addr(q_smem + tile_offset(BM, r, 2 * c)), out[0]);
@@ -155,9 +159,7 @@ struct Producer {
           const int tok = r / p.pack;
           in[u] = make_uint4(0, 0, 0, 0);
           if (r < rows && tok < t.n_tok) {
-            in[u] = __ldg(reinterpret_cast<const uint4*>(
-                q + (int64_t{t.q_row0 + tok} * p.a.q_row_stride + int64_t{t.head0 + r % p.pack} * p.a.q_head_stride) * 2 +
-                c * 16));
+            in[u] = __ldg(reinterpret_cast<const uint4*>(q + q_offset(t, tok, r) * 2 + c * 16));
           }
         }
 #pragma unroll
