@@ -316,15 +316,7 @@ __device__ void attention_mainloop(const AttentionArgs& a, const AttentionSmem<T
         const int r = (wm * MT + mt) * 16 + g;
         const int row_lo[2] = {sm.row_lo()[r], sm.row_lo()[r + 8]};
         const int row_hi[2] = {sm.row_hi()[r], sm.row_hi()[r + 8]};
-#pragma unroll
-        for (int i = 0; i < KW / 8; ++i) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key0 + i * 8 + 2 * t + (e & 1);
-            const int h = e >> 1;
-            if (key < row_lo[h] || key >= row_hi[h]) s[mt][i][e] = -INFINITY;
-          }
-        }
+        mask_keys(s[mt], key0, t, row_lo, row_hi);
       }
     }
 
@@ -425,13 +417,8 @@ __device__ void attention_epilogue(const AttentionSmem<Tr>& sm, WarpResult<Tr>& 
     }
   }
   if (tid < M) {
-    float m_all = -INFINITY, l_all = 0.0f;
-#pragma unroll
-    for (int w = 0; w < WN; ++w) m_all = fmaxf(m_all, sm.stat_m()[w * M + tid]);
-    if (m_all != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < WN; ++w) l_all += sm.stat_l()[w * M + tid] * fast_exp2(sm.stat_m()[w * M + tid] - m_all);
-    }
+    float m_all, l_all;
+    merge_warp_rows<WN>(sm.stat_m(), sm.stat_l(), M, tid, m_all, l_all);
     sm.row_scale()[tid] = out.finish_row(tid, m_all, l_all);
   }
   __syncthreads();

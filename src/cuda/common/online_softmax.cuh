@@ -134,6 +134,38 @@ struct SoftmaxRows {
   }
 };
 
+/// Sets to -inf the logits of m16n8 fragments outside their rows' visible keys: s[i][e]
+/// is key key0 + 8 i + 2 t4 + (e & 1) of the thread's row e >> 1 (g or g + 8), which sees
+/// keys [lo[row], hi[row]).
+template <int NS>
+__device__ __forceinline__ void mask_keys(float (&s)[NS][4], int key0, int t4, const int (&lo)[2], const int (&hi)[2]) {
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + i * 8 + 2 * t4 + (e & 1);
+      if (key < lo[e >> 1] || key >= hi[e >> 1]) s[i][e] = -INFINITY;
+    }
+  }
+}
+
+/// (m, l) of row r whose keys were split over N warps, each with its own integer
+/// reference: stat_m / stat_l hold warp w's at [w * stride + r]. m_all is the largest
+/// reference (-inf when no warp saw a key), l_all the sum of l_w * 2^(m_w - m_all) in warp
+/// order (exact powers of two: see above).
+template <int N>
+__device__ __forceinline__ void merge_warp_rows(const float* stat_m, const float* stat_l, int stride, int r,
+                                                float& m_all, float& l_all) {
+  m_all = -INFINITY;
+  l_all = 0.0f;
+#pragma unroll
+  for (int w = 0; w < N; ++w) m_all = fmaxf(m_all, stat_m[w * stride + r]);
+  if (m_all != -INFINITY) {
+#pragma unroll
+    for (int w = 0; w < N; ++w) l_all += stat_l[w * stride + r] * fast_exp2(stat_m[w * stride + r] - m_all);
+  }
+}
+
 /// Final scale and lse of a row whose keys gave (m, l) (log2 units, l relative to m),
 /// counting the optional sink (log2 units, -inf when absent) once: o = acc * scale and
 /// lse in natural log. Shared by the direct epilogue and the split-KV merge, so both

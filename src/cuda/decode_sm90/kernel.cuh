@@ -275,16 +275,7 @@ struct DecodeWarp {
           float s[KW / 8][4];
           qk(qa, smem_addr(sm.k(warp, st.slot)), s);
           var.template transform<false>(s);
-          if (!(key0 >= it.full_lo && key0 + KW <= it.full_hi)) {
-#pragma unroll
-            for (int i = 0; i < KW / 8; ++i) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int key = key0 + i * 8 + 2 * t4 + (e & 1);
-                if (key < lo[e >> 1] || key >= hi[e >> 1]) s[i][e] = -INFINITY;
-              }
-            }
-          }
+          if (!(key0 >= it.full_lo && key0 + KW <= it.full_hi)) mask_keys(s, key0, t4, lo, hi);
           // ftz: split results are compared within an ulp, not bitwise, across split
           // counts, and a request's splits never depend on the batch (decode/policy.h).
           smx.template update<KW / 8, D / 8, true>(s, acc);
@@ -387,13 +378,8 @@ struct DecodeWarp {
     }
     __syncthreads();
     if (tid < R) {
-      float m_all = -INFINITY, l_all = 0.0f;
-#pragma unroll
-      for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, sm.stat_m()[w * R + tid]);
-      if (m_all != -INFINITY) {
-#pragma unroll
-        for (int w = 0; w < W; ++w) l_all += sm.stat_l()[w * R + tid] * fast_exp2(sm.stat_m()[w * R + tid] - m_all);
-      }
+      float m_all, l_all;
+      merge_warp_rows<W>(sm.stat_m(), sm.stat_l(), R, tid, m_all, l_all);
       sm.row_scale()[tid] = out.finish_row(tid, m_all, l_all);
     }
     float f[2];

@@ -112,14 +112,7 @@ struct Consumer {
       narrow(p.space.mask.row(t.L, int64_t{t.p0} + tok), lo[h], hi[h]);
       if (tok < 0) lo[h] = hi[h] = 0;
     }
-#pragma unroll
-    for (int i = 0; i < BN / 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + i * 8 + 2 * t4 + (e & 1);
-        if (key < lo[e >> 1] || key >= hi[e >> 1]) s[i][e] = -INFINITY;
-      }
-    }
+    mask_keys(s, key0, t4, lo, hi);
   }
 
   __device__ static void pack_p(uint32_t (&pa)[BN / 16][4], const float (&s)[BN / 8][4]) {
