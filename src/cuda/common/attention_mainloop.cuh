@@ -24,10 +24,11 @@
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/common/paged_loader.cuh"
 
-// Experiment knob (default off until measured on an H100 / H200): fp8 caches compute
-// S = Q K^T in fp16 whatever the query dtype: Q is converted once per tile (a bf16 query
-// saturates past 65504) and each K pair converts with one F2FP, where bf16 takes the
-// PRMT / shift / mask / HMUL2 sequence (scripts/sass_count.py: docs/perf-notes/decode.md).
+// Experiment knob (off): fp8 caches compute S = Q K^T in fp16 whatever the query dtype: Q
+// is converted once per tile (a bf16 query saturates past 65504) and each K pair converts
+// with one F2FP, where bf16 takes the PRMT / shift / mask / HMUL2 sequence. On the H200 it
+// gave llama3-8b fp8 decode +5-8% and gpt-oss nothing (docs/perf-notes/decode.md, sixth
+// session): not worth the portable kernels' exact bf16 queries.
 #ifndef PAGEDMHA_FP8_QK_F16
 #define PAGEDMHA_FP8_QK_F16 0
 #endif
