@@ -1,7 +1,7 @@
 // The producer warpgroup of the Hopper kernels: loads each query tile's Q once and
 // streams its K / V tiles (last key tile first, the consumers' order: K0 K1 V0 K2 V1 ...)
 // into the swizzled rings, signalling the consumers through mbarriers. Three ways in,
-// chosen once per launch (policy.h, kv_tma_ok / q_tma_ok):
+// chosen once per launch (paged_kv.cuh kv_tma_ok, policy.h q_tma_ok):
 //   * TMA: the four producer warps share each tile's boxes (a page, or a tile of a page:
 //     unit i to lane i / 4 of warp i % 4), page ids read in parallel one tile ahead; the
 //     rows of V's last page past the request's length are copied by hand (warp 0) so
