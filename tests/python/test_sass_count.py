@@ -91,6 +91,16 @@ def test_no_key_tile_loop_without_ldgsts_or_hmma(tmp_path):
     assert rc == 1 and "no key-tile loop" in out, out
 
 
+def test_key_tile_loop_of_a_tma_stream():
+    # The Hopper decode's warps issue their next tile's TMA boxes inside the tile loop:
+    # UTMALDG stands for LDGSTS.
+    tma = [l.replace("LDGSTS.E.BYPASS.128 [R3], desc[UR4][R4.64]", "UTMALDG.4D [UR8], [UR16]") for l in KERNEL_BODY]
+    ins = instructions(assemble(tma))
+    start, end = SC.key_tile_loop(ins)
+    assert end - start + 1 == len(TILE_BODY)
+    assert SC.classify(ins[start:end + 1]).count("loader") == 4  # LDG, the walk's IADD3 / ISETP, UTMALDG
+
+
 # (instruction, its phase under the documented rules)
 PHASED = [
     ("BAR.SYNC.DEFER_BLOCKING 0x0", "sync"),
@@ -156,6 +166,11 @@ def test_traits_and_keys_per_tile():
     t = SC.traits("AttentionTraits<128, __half, __half, 2>")
     assert (t["KW"], t["BN"]) == (16, 32)
     assert SC.traits("void other_kernel<64>()") is None
+    # The Hopper decode: one warp's tile, KW from decode_sm90/policy.h's defaults.
+    t = SC.traits("void pagedmha::cuda::sm90::decode_sm90_kernel<128, __nv_bfloat16>(pagedmha::cuda::sm90::"
+                  "DecodeSm90Params)")
+    assert t == {"D": 128, "T": "bf16", "KV": "bf16", "WM": 1, "MT": 1, "KW": 16, "BN": 16}
+    assert SC.traits("decode_sm90_kernel<64, __half>")["KW"] == 32
 
 
 def test_per_key_normalisation():
