@@ -17,45 +17,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "variants_common.cuh"
 #include "cuda/prefill_sm90/launch.cuh"
-
-namespace pagedmha {
-// The kernels' host code throws through this (src/core/error.cpp in the library).
-void throw_invalid_argument(const std::string& op, const std::string& arg, const std::string& expected,
-                            const std::string& given) {
-  throw Error(op + ": " + arg + ": expected " + expected + ", got " + given);
-}
-}  // namespace pagedmha
 
 namespace {
 
 using namespace pagedmha;
 using namespace pagedmha::cuda;
 
-#define CHECK(x)                                                                        \
-  do {                                                                                  \
-    cudaError_t e = (x);                                                                \
-    if (e != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
-
-__global__ void fill_random(__nv_bfloat16* x, int64_t n, uint32_t seed, float scale) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-    x[i] = __float2bfloat16((static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * scale);
-  }
-}
-
-__global__ void fill_random_fp8(__nv_fp8_e4m3* x, int64_t n, uint32_t seed, float scale) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
-    x[i] = __nv_fp8_e4m3((static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * scale);  // saturating
-  }
-}
+using variants::fill_random;
 
 struct Shape {
   const char* model;
@@ -78,14 +48,9 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   CHECK(cudaMalloc(&o, rows * s.hq * D * 2));
   CHECK(cudaMalloc(&k, slots * s.hkv * D * kv_es));
   CHECK(cudaMalloc(&v, slots * s.hkv * D * kv_es));
-  fill_random<<<1024, 256, 0, stream>>>(q, rows * s.hq * D, 1, 2.0f);
-  if constexpr (kFp8) {
-    fill_random_fp8<<<1024, 256, 0, stream>>>(k, slots * s.hkv * D, 2, 2.0f);
-    fill_random_fp8<<<1024, 256, 0, stream>>>(v, slots * s.hkv * D, 3, 2.0f);
-  } else {
-    fill_random<<<1024, 256, 0, stream>>>(k, slots * s.hkv * D, 2, 2.0f);
-    fill_random<<<1024, 256, 0, stream>>>(v, slots * s.hkv * D, 3, 2.0f);
-  }
+  fill_random<__nv_bfloat16><<<1024, 256, 0, stream>>>(q, rows * s.hq * D, 1, 2.0f);
+  fill_random<KV><<<1024, 256, 0, stream>>>(k, slots * s.hkv * D, 2, 2.0f);
+  fill_random<KV><<<1024, 256, 0, stream>>>(v, slots * s.hkv * D, 3, 2.0f);
   std::vector<int32_t> table(int64_t{B} * pages_per_req), lens(B, S), cu(B + 1);
   std::iota(table.begin(), table.end(), 1);
   std::shuffle(table.begin(), table.end(), std::mt19937(7));  // random page order
@@ -105,34 +70,16 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   CHECK(cudaMalloc(&sinks, s.hq * 4));
   CHECK(cudaMemcpy(sinks, sinks_h.data(), s.hq * 4, cudaMemcpyHostToDevice));
 
-  detail::AttentionProblem p;
-  p.q = q;
-  p.q_dtype = DType::bf16;
-  p.q_row_stride = int64_t{s.hq} * D;
-  p.q_head_stride = D;
-  p.out = o;
-  p.out_dtype = DType::bf16;
-  p.out_row_stride = int64_t{s.hq} * D;
-  p.out_head_stride = D;
-  p.kv.k = {k, int64_t{P} * s.hkv * D, int64_t{s.hkv} * D, D};
-  p.kv.v = {v, int64_t{P} * s.hkv * D, int64_t{s.hkv} * D, D};
-  p.kv.dtype = kFp8 ? DType::fp8_e4m3 : DType::bf16;
-  p.kv.num_pages = num_pages;
-  p.kv.page_size = P;
-  p.kv.num_kv_heads = s.hkv;
-  p.kv.head_dim = D;
+  detail::AttentionProblem p =
+      variants::bf16_problem(q, o, s.hq, s.hkv, D, k, v, kFp8 ? DType::fp8_e4m3 : DType::bf16, P, num_pages);
   p.page_table = d_table;
   p.page_table_row_stride = pages_per_req;
   p.page_table_cols = pages_per_req;
   p.seq_lens = d_lens;
   p.batch = B;
   p.num_rows = static_cast<int>(rows);
-  p.num_q_heads = s.hq;
-  p.num_kv_heads = s.hkv;
-  p.head_dim = D;
   p.cu_seqlens_q = d_cu;
   p.max_q_len = S;
-  p.bmm1_scale = 1.0f / std::sqrt(static_cast<float>(D));
   p.sinks = std::string(s.model) == "gpt-oss" ? sinks : nullptr;
   p.workspace = ws;
   p.workspace_bytes = ws_bytes;
@@ -184,19 +131,7 @@ int main(int argc, char** argv) {
       {"gemma", 16, 8, 256, 16, 1024, 16},     {"gpt-oss", 64, 8, 64, 1, 16384, 16, true},
       {"gpt-oss", 64, 8, 64, 4, 4096, 16, true},
   };
-  std::vector<bool> run(sizeof(shapes) / sizeof(shapes[0]), argc < 4);
-  if (argc >= 4) {
-    for (const char* c = argv[3]; *c;) {
-      char* end = nullptr;
-      const long i = std::strtol(c, &end, 10);
-      if (end == c || i < 0 || i >= static_cast<long>(run.size())) {
-        std::fprintf(stderr, "shape indices: expected a comma list of 0..%zu, got %s\n", run.size() - 1, argv[3]);
-        return 2;
-      }
-      run[static_cast<size_t>(i)] = true;
-      c = *end == ',' ? end + 1 : end;
-    }
-  }
+  const std::vector<bool> run = variants::shape_selection(argc, argv, 3, sizeof(shapes) / sizeof(shapes[0]));
   FILE* out = std::fopen(argv[2], "a");
   for (size_t si = 0; si < run.size(); ++si) {
     if (!run[si]) continue;

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds bench/prefill_sm90_variants.cu once per variant of the Hopper prefill kernel's
 # compile-time knobs (src/cuda/prefill_sm90/policy.h) and runs each on the GPU: a quick,
-# same-run comparison of kernel structures. Needs nvcc (sm_90a), CUTLASS headers (found
-# like CMake does: $CUTLASS_INCLUDE, .deps/cutlass/include, or pip's nvidia-cutlass) and
-# an H100 / H200. Writes bench/results/<gpu>-prefill-variants-<date>.json.
+# same-run comparison of kernel structures. KERNEL=decode does the same with
+# bench/decode_sm90_variants.cu for the decode kernels (decode/policy.h,
+# decode_sm90/policy.h; e.g. "sm90:-DPAGEDMHA_DECODE_SM90=1" against "portable:").
+# Needs nvcc (sm_90a), CUTLASS headers (found like CMake does: $CUTLASS_INCLUDE,
+# .deps/cutlass/include, or pip's nvidia-cutlass) and an H100 / H200. Writes
+# bench/results/<gpu>-<prefill|decode>-variants-<date>.json.
 #
-#   [SHAPES=0,3] [BASE=<commit or dir>] [ROUNDS=2] bash bench/prefill_variants.sh ["name:-DFLAG=1 -DOTHER=2" ...]
+#   [KERNEL=decode] [SHAPES=0,3] [BASE=<commit or dir>] [ROUNDS=2] bash bench/prefill_variants.sh ["name:-DFLAG=1 -DOTHER=2" ...]
 #   (default variants: the set below; SHAPES: indices into the binary's shape list, default
 #   all; BASE: also build the same benchmark source against another tree's src/ and include/,
 #   variant "base" (a commit is exported with git archive; where .git does not travel, export
@@ -18,12 +21,22 @@ inc=${CUTLASS_INCLUDE:-}
 [ -z "$inc" ] && inc=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))" 2>/dev/null)
 [ -d "$inc/cute" ] || { echo "prefill_variants: CUTLASS headers not found" >&2; exit 2; }
 inc=$(cd "$inc" && pwd)  # absolute: BASE builds run from another tree
+kernel=${KERNEL:-prefill}
+case $kernel in
+  # The launchers throw through error.cpp; the decode's also read the device's kernel
+  # path (arch.cu) and dtype sizes (tensor.cpp).
+  prefill) extra=(src/core/error.cpp) ;;
+  decode) extra=(src/core/error.cpp src/cuda/common/arch.cu src/core/tensor.cpp "-DPAGEDMHA_CUDA_ARCHS=\"90a\"") ;;
+  *) echo "prefill_variants: KERNEL: expected prefill or decode, got $kernel" >&2; exit 2 ;;
+esac
 variants=("$@")
-if [ ${#variants[@]} -eq 0 ]; then
+if [ ${#variants[@]} -eq 0 ] && [ "$kernel" = decode ]; then
+  variants=("portable:" "sm90:-DPAGEDMHA_DECODE_SM90=1")
+elif [ ${#variants[@]} -eq 0 ]; then
   variants=("default:" "stages2:-DPAGEDMHA_SM90_STAGES=2" "stages3:-DPAGEDMHA_SM90_STAGES=3" "cluster1:-DPAGEDMHA_SM90_CLUSTER=1"
             "pingpong:-DPAGEDMHA_SM90_PINGPONG=1" "no-softmax:-DPAGEDMHA_SM90_DIAG=1" "no-gemm:-DPAGEDMHA_SM90_DIAG=2" "loads-only:-DPAGEDMHA_SM90_DIAG=3")
 fi
-dir=build/variants
+dir=build/variants-$kernel
 mkdir -p "$dir"
 jsonl=$dir/records.jsonl
 : >"$jsonl"
@@ -35,8 +48,8 @@ build() {
   # -DNDEBUG as in the library's Release build: CUTLASS's device asserts are calls, and a
   # call inside the wgmma pipeline makes ptxas serialize every wgmma (warning C7510).
   (cd "${3:-$here}" && nvcc -std=c++17 -O3 -DNDEBUG -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-    -DPAGEDMHA_WITH_SM90=1 -Isrc -Iinclude -isystem "$inc" $2 "$here/bench/prefill_sm90_variants.cu" \
-    src/cuda/common/attention_args.cu src/cuda/hopper/tensor_map.cu -o "$here/$dir/$1") >"$dir/$1.build.log" 2>&1
+    -DPAGEDMHA_WITH_SM90=1 -Isrc -Iinclude -isystem "$inc" $2 "$here/bench/${kernel}_sm90_variants.cu" \
+    src/cuda/common/attention_args.cu src/cuda/hopper/tensor_map.cu "${extra[@]}" -o "$here/$dir/$1") >"$dir/$1.build.log" 2>&1
 }
 names=()
 if [ -n "${BASE:-}" ]; then
@@ -66,8 +79,8 @@ for _ in $(seq "${ROUNDS:-1}"); do
   done
 done
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 | tr 'A-Z ' 'a-z-' | sed 's/nvidia-//')
-out=bench/results/${gpu:-gpu}-prefill-variants-$(date +%Y%m%d).json
-python3 - "$jsonl" "$out" "${BASE:+BASE=$BASE }${ROUNDS:+ROUNDS=$ROUNDS }${SHAPES:+SHAPES=$SHAPES }bash bench/prefill_variants.sh $*" <<'PY'
+out=bench/results/${gpu:-gpu}-$kernel-variants-$(date +%Y%m%d).json
+python3 - "$jsonl" "$out" "${KERNEL:+KERNEL=$KERNEL }${BASE:+BASE=$BASE }${ROUNDS:+ROUNDS=$ROUNDS }${SHAPES:+SHAPES=$SHAPES }bash bench/prefill_variants.sh $*" <<'PY'
 import json, os, subprocess, sys, datetime
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 commit = os.environ.get("PAGEDMHA_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"

@@ -11,7 +11,8 @@ Three kinds of results file, in this order on the page:
 - backend host overhead (bench/backend_overhead.cpp, recognised by its ops): mode x batch
   host time, with the targets at batch 256 (<= 10 us for decode steps, <= 20 us otherwise);
 - kernel-variant comparisons (bench/prefill_variants.sh, recognised by records carrying
-  "variant"): one table of TFLOP/s, a row per shape, a column per variant.
+  "variant"): one table of TFLOP/s (prefill) or TB/s (decode), a row per shape (fp8 and
+  windowed shapes apart), a column per variant.
 Numbers come only from the files; with no files the page says so.
 
   python3 scripts/perf_tables.py [--results-dir bench/results] [--out docs/performance.md]
@@ -396,16 +397,26 @@ def variants_section(name: str, doc: dict) -> List[str]:
     recs = [r for r in doc["records"] if isinstance(r, dict)]
     parts = [f"## Kernel variants, {doc.get('gpu', 'unknown GPU')}, {doc.get('date', 'undated')} "
              f"(`bench/results/{name}`)\n", "\n".join(_meta(doc)) + "\n"]
-    parts.append("TFLOP/s of one build per variant of the Hopper prefill kernel's compile-time "
-                 "knobs (CUDA events, median of 5 x 10 launches, causal, bf16, random page order); "
-                 "diagnostic variants leave work out and are not correct kernels.\n")
+    decode = any(r.get("op") == "decode" for r in recs)
+    if decode:
+        parts.append("TB/s (K + V of the visible keys, Q and O) of one build per variant of the decode "
+                     "kernels' compile-time knobs (bench/decode_sm90_variants.cu: CUDA-graph replay over "
+                     "page tables rotated past L2, median of 5; bf16 KV unless marked).\n")
+    else:
+        parts.append("TFLOP/s of one build per variant of the Hopper prefill kernel's compile-time "
+                     "knobs (CUDA events, median of 5 x 10 launches, causal, bf16, random page order); "
+                     "diagnostic variants leave work out and are not correct kernels.\n")
+    metric, digits = ("tbps", 2) if decode else ("tflops", 0)
+    key = lambda r: (r.get("model"), r.get("batch"), r.get("ctx"), r.get("page_size"),  # noqa: E731
+                     r.get("kv_dtype", "bf16"), r.get("window_left", -1))
     variants = list(dict.fromkeys(r.get("variant") for r in recs))
-    shapes = list(dict.fromkeys((r.get("model"), r.get("batch"), r.get("ctx"), r.get("page_size")) for r in recs))
-    by = {(r.get("variant"), r.get("model"), r.get("batch"), r.get("ctx"), r.get("page_size")): r for r in recs}
+    shapes = list(dict.fromkeys(key(r) for r in recs))
+    by = {(r.get("variant"), *key(r)): r for r in recs}
     rows = []
-    for m, b, c, pg in shapes:
-        rows.append([f"{m} {b} x {_len(c)} p{pg}",
-                     *[_num((by.get((v, m, b, c, pg)) or {}).get("tflops"), 0) for v in variants]])
+    for m, b, c, pg, kv, w in shapes:
+        label = f"{m} {b} x {_len(c)} p{pg}" + (f" {kv}" if kv != "bf16" else "") + \
+            (f" w{w}" if w is not None and w >= 0 else "")
+        rows.append([label, *[_num((by.get((v, m, b, c, pg, kv, w)) or {}).get(metric), digits) for v in variants]])
     parts.append(table(["shape", *[str(v) for v in variants]], rows) if rows else "No records.\n")
     return parts
 

@@ -535,6 +535,28 @@ def test_variants_file_renders_one_column_per_variant(tmp_path):
     assert "| llama3-8b 1 x 16k p64 | 446 | - |" in text  # no invented number
 
 
+def test_variants_keep_fp8_rows_apart_and_decode_reads_tbps(tmp_path):
+    base = {"impl": "pagedmha-variant", "model": "llama3-8b", "batch": 1, "page_size": 16, "time_us": 1.0}
+    recs = [{**base, "op": "prefill", "variant": "default", "ctx": 16384, "q_len": 16384, "kv_dtype": kv, "tflops": t}
+            for kv, t in [("bf16", 575.2), ("fp8_e4m3", 401.7)]]
+    doc = {"gpu": "NVIDIA H200", "commit": "abc123", "command": "bash bench/prefill_variants.sh",
+           "date": "2026-12-02", "records": recs}
+    (tmp_path / "h200-prefill-variants-20261202.json").write_text(json.dumps(doc))
+    recs = [{**base, "op": "decode", "variant": v, "ctx": 32768, "q_len": 1, "kv_dtype": "bf16", "window_left": w,
+             "tbps": t} for v, w, t in [("sm90", -1, 3.004), ("portable", -1, 3.301), ("portable", 127, 2.156)]]
+    doc = {"gpu": "NVIDIA H200", "commit": "abc123", "command": "KERNEL=decode bash bench/prefill_variants.sh",
+           "date": "2026-12-02", "records": recs}
+    (tmp_path / "h200-decode-variants-20261202.json").write_text(json.dumps(doc))
+    out = tmp_path / "performance.md"
+    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| llama3-8b 1 x 16k p16 | 575 |" in text
+    assert "| llama3-8b 1 x 16k p16 fp8_e4m3 | 402 |" in text  # not merged into the bf16 row
+    assert "| shape | sm90 | portable |" in text
+    assert "| llama3-8b 1 x 32k p16 | 3.00 | 3.30 |" in text
+    assert "| llama3-8b 1 x 32k p16 w127 | - | 2.16 |" in text
+
+
 def test_prefill_plan_covers_the_issue_rows():
     plan = BA.prefill_plan()
     names = [c.name for c in plan]

@@ -1,0 +1,82 @@
+// Pieces shared by the kernel-variant micro-benchmarks (prefill_sm90_variants.cu,
+// decode_sm90_variants.cu): the CUDA check, random fills, the bf16 problem both set up on a
+// paged cache, and the shape-index argument.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "core/problem.h"
+
+#define CHECK(x)                                                                             \
+  do {                                                                                       \
+    cudaError_t e = (x);                                                                     \
+    if (e != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+namespace variants {
+
+/// x[i] uniform in [-scale / 2, scale / 2) from a hash of i (X: bf16, or fp8 e4m3, saturating).
+template <class X>
+__global__ void fill_random(X* x, int64_t n, uint32_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+    x[i] = X((static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * scale);
+  }
+}
+
+/// A bf16 query / output [rows][hq][D] over an NHD paged cache [pages][page][hkv][D] of
+/// `kv_dtype`; the caller sets the page table, lengths, rows and the op's own fields.
+inline pagedmha::detail::AttentionProblem bf16_problem(void* q, void* o, int hq, int hkv, int d, void* k, void* v,
+                                                       pagedmha::DType kv_dtype, int page, int64_t num_pages) {
+  pagedmha::detail::AttentionProblem p;
+  p.q = q;
+  p.q_dtype = pagedmha::DType::bf16;
+  p.q_row_stride = int64_t{hq} * d;
+  p.q_head_stride = d;
+  p.out = o;
+  p.out_dtype = pagedmha::DType::bf16;
+  p.out_row_stride = int64_t{hq} * d;
+  p.out_head_stride = d;
+  p.kv.k = {k, int64_t{page} * hkv * d, int64_t{hkv} * d, d};
+  p.kv.v = {v, int64_t{page} * hkv * d, int64_t{hkv} * d, d};
+  p.kv.dtype = kv_dtype;
+  p.kv.num_pages = num_pages;
+  p.kv.page_size = page;
+  p.kv.num_kv_heads = hkv;
+  p.kv.head_dim = d;
+  p.num_q_heads = hq;
+  p.num_kv_heads = hkv;
+  p.head_dim = d;
+  p.bmm1_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.device = pagedmha::Device::cuda(0);
+  return p;
+}
+
+/// Which of n shapes to run: all without the argument, else a comma list of indices.
+/// Exits with status 2 on a bad list.
+inline std::vector<bool> shape_selection(int argc, char** argv, int arg, size_t n) {
+  std::vector<bool> run(n, argc <= arg);
+  if (argc <= arg) return run;
+  for (const char* c = argv[arg]; *c;) {
+    char* end = nullptr;
+    const long i = std::strtol(c, &end, 10);
+    if (end == c || i < 0 || i >= static_cast<long>(n)) {
+      std::fprintf(stderr, "shape indices: expected a comma list of 0..%zu, got %s\n", n - 1, argv[arg]);
+      std::exit(2);
+    }
+    run[static_cast<size_t>(i)] = true;
+    c = *end == ',' ? end + 1 : end;
+  }
+  return run;
+}
+
+}  // namespace variants
