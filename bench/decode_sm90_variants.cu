@@ -163,14 +163,9 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s <variant name> <out.jsonl> [shape indices]\n", argv[0]);
-    return 2;
-  }
   int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaStream_t stream;
-  CHECK(cudaStreamCreate(&stream));
+  if (!variants::start(argc, argv, sms, stream)) return 2;
   // bench_attention.py --decode's shapes at page 16 (bf16 KV unless marked).
   const Shape shapes[] = {
       {"llama3-8b", 32, 8, 128, 1, 32768, 16},          {"llama3-8b", 32, 8, 128, 16, 8192, 16},

@@ -114,14 +114,9 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s <variant name> <out.jsonl>\n", argv[0]);
-    return 2;
-  }
   int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaStream_t stream;
-  CHECK(cudaStreamCreate(&stream));
+  if (!variants::start(argc, argv, sms, stream)) return 2;
   const Shape shapes[] = {
       {"llama3-8b", 32, 8, 128, 1, 16384, 16}, {"llama3-8b", 32, 8, 128, 1, 16384, 64},
       {"llama3-8b", 32, 8, 128, 4, 4096, 16},  {"gpt-oss", 64, 8, 64, 1, 16384, 16},

@@ -61,6 +61,18 @@ inline pagedmha::detail::AttentionProblem bf16_problem(void* q, void* o, int hq,
   return p;
 }
 
+/// The start of main: the usage check (argv: variant name, JSON-lines file, optional
+/// shape indices), the device's SM count and a stream. False after printing the usage.
+inline bool start(int argc, char** argv, int& sms, cudaStream_t& stream) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s <variant name> <out.jsonl> [shape indices, e.g. 0,3]\n", argv[0]);
+    return false;
+  }
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CHECK(cudaStreamCreate(&stream));
+  return true;
+}
+
 /// Which of n shapes to run: all without the argument, else a comma list of indices.
 /// Exits with status 2 on a bad list.
 inline std::vector<bool> shape_selection(int argc, char** argv, int arg, size_t n) {
