@@ -119,7 +119,9 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
     const AttentionArgs a = decode_args(p);
     bool done = false;
     if constexpr (!kFp8) {
-      if (kernel_path(0) == KernelPath::sm90) done = sm90::run_decode<D, T>(p, a, sms, stream);
+      if (sm90::kDecodeSm90 && kernel_path(0) == KernelPath::sm90) {
+        done = sm90::run_decode<D, T>(p, a, sms, stream);
+      }
     }
     if (!done) launch_decode<D, T, KV>(a, 0, sms, stream);
   };
@@ -160,29 +162,23 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
   return {ms[ms.size() / 2] * 1e3, read};
 }
 
+// bench_attention.py --decode's shapes at page 16 (bf16 KV unless marked).
+const Shape kShapes[] = {
+    {"llama3-8b", 32, 8, 128, 1, 32768, 16},          {"llama3-8b", 32, 8, 128, 16, 8192, 16},
+    {"llama3-8b", 32, 8, 128, 64, 4096, 16},          {"llama3-8b", 32, 8, 128, 256, 2048, 16},
+    {"llama3-8b", 32, 8, 128, 128, 32768, 16},        {"gpt-oss", 64, 8, 64, 1, 32768, 16},
+    {"gpt-oss", 64, 8, 64, 64, 4096, 16},             {"gpt-oss", 64, 8, 64, 128, 32768, 16},
+    {"llama3-8b", 32, 8, 128, 128, 32768, 16, 127},   {"gpt-oss", 64, 8, 64, 128, 32768, 16, 127},
+    {"llama3-70b-tp8", 8, 1, 128, 1, 32768, 16},      {"llama3-70b-tp8", 8, 1, 128, 32, 2048, 16},
+    {"llama3-70b-tp8", 8, 1, 128, 256, 2048, 16},     {"llama3-70b-tp8", 8, 1, 128, 64, 8192, 16},
+    {"llama3-8b", 32, 8, 128, 64, 4096, 16, -1, true}, {"llama3-8b", 32, 8, 128, 128, 32768, 16, -1, true},
+    {"gpt-oss", 64, 8, 64, 64, 4096, 16, -1, true},
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int sms = 0;
-  cudaStream_t stream;
-  if (!variants::start(argc, argv, sms, stream)) return 2;
-  // bench_attention.py --decode's shapes at page 16 (bf16 KV unless marked).
-  const Shape shapes[] = {
-      {"llama3-8b", 32, 8, 128, 1, 32768, 16},          {"llama3-8b", 32, 8, 128, 16, 8192, 16},
-      {"llama3-8b", 32, 8, 128, 64, 4096, 16},          {"llama3-8b", 32, 8, 128, 256, 2048, 16},
-      {"llama3-8b", 32, 8, 128, 128, 32768, 16},        {"gpt-oss", 64, 8, 64, 1, 32768, 16},
-      {"gpt-oss", 64, 8, 64, 64, 4096, 16},             {"gpt-oss", 64, 8, 64, 128, 32768, 16},
-      {"llama3-8b", 32, 8, 128, 128, 32768, 16, 127},   {"gpt-oss", 64, 8, 64, 128, 32768, 16, 127},
-      {"llama3-70b-tp8", 8, 1, 128, 1, 32768, 16},      {"llama3-70b-tp8", 8, 1, 128, 32, 2048, 16},
-      {"llama3-70b-tp8", 8, 1, 128, 256, 2048, 16},     {"llama3-70b-tp8", 8, 1, 128, 64, 8192, 16},
-      {"llama3-8b", 32, 8, 128, 64, 4096, 16, -1, true}, {"llama3-8b", 32, 8, 128, 128, 32768, 16, -1, true},
-      {"gpt-oss", 64, 8, 64, 64, 4096, 16, -1, true},
-  };
-  const std::vector<bool> run = variants::shape_selection(argc, argv, 3, sizeof(shapes) / sizeof(shapes[0]));
-  FILE* out = std::fopen(argv[2], "a");
-  for (size_t si = 0; si < run.size(); ++si) {
-    if (!run[si]) continue;
-    const Shape& s = shapes[si];
+  return variants::run_shapes(argc, argv, kShapes, [&](const Shape& s, int sms, cudaStream_t stream, FILE* out) {
     const Timing t = s.d == 128 ? (s.fp8 ? run_shape<128, true>(s, sms, stream) : run_shape<128, false>(s, sms, stream))
                                 : (s.fp8 ? run_shape<64, true>(s, sms, stream) : run_shape<64, false>(s, sms, stream));
     const double tbps = t.bytes / (t.us * 1e-6) / 1e12;
@@ -195,7 +191,5 @@ int main(int argc, char** argv) {
                    "\"window_left\": %d, \"time_us\": %.2f, \"tbps\": %.3f}\n",
                    argv[1], s.model, s.batch, s.ctx, s.page, s.fp8 ? "fp8_e4m3" : "bf16", s.window, t.us, tbps);
     }
-  }
-  if (out) std::fclose(out);
-  return 0;
+  });
 }

@@ -111,26 +111,20 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   return ms[ms.size() / 2] * 1e3;  // us
 }
 
+const Shape kShapes[] = {
+    {"llama3-8b", 32, 8, 128, 1, 16384, 16}, {"llama3-8b", 32, 8, 128, 1, 16384, 64},
+    {"llama3-8b", 32, 8, 128, 4, 4096, 16},  {"gpt-oss", 64, 8, 64, 1, 16384, 16},
+    {"gpt-oss", 64, 8, 64, 4, 4096, 16},     {"llama3-8b", 32, 8, 128, 16, 1024, 16},
+    {"gpt-oss", 64, 8, 64, 16, 1024, 16},    {"llama3-8b", 32, 8, 128, 1, 16384, 16, true},
+    {"llama3-8b", 32, 8, 128, 4, 4096, 16, true},   {"gemma", 16, 8, 256, 4, 4096, 16},
+    {"gemma", 16, 8, 256, 16, 1024, 16},     {"gpt-oss", 64, 8, 64, 1, 16384, 16, true},
+    {"gpt-oss", 64, 8, 64, 4, 4096, 16, true},
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int sms = 0;
-  cudaStream_t stream;
-  if (!variants::start(argc, argv, sms, stream)) return 2;
-  const Shape shapes[] = {
-      {"llama3-8b", 32, 8, 128, 1, 16384, 16}, {"llama3-8b", 32, 8, 128, 1, 16384, 64},
-      {"llama3-8b", 32, 8, 128, 4, 4096, 16},  {"gpt-oss", 64, 8, 64, 1, 16384, 16},
-      {"gpt-oss", 64, 8, 64, 4, 4096, 16},     {"llama3-8b", 32, 8, 128, 16, 1024, 16},
-      {"gpt-oss", 64, 8, 64, 16, 1024, 16},    {"llama3-8b", 32, 8, 128, 1, 16384, 16, true},
-      {"llama3-8b", 32, 8, 128, 4, 4096, 16, true},   {"gemma", 16, 8, 256, 4, 4096, 16},
-      {"gemma", 16, 8, 256, 16, 1024, 16},     {"gpt-oss", 64, 8, 64, 1, 16384, 16, true},
-      {"gpt-oss", 64, 8, 64, 4, 4096, 16, true},
-  };
-  const std::vector<bool> run = variants::shape_selection(argc, argv, 3, sizeof(shapes) / sizeof(shapes[0]));
-  FILE* out = std::fopen(argv[2], "a");
-  for (size_t si = 0; si < run.size(); ++si) {
-    if (!run[si]) continue;
-    const Shape& s = shapes[si];
+  return variants::run_shapes(argc, argv, kShapes, [&](const Shape& s, int sms, cudaStream_t stream, FILE* out) {
     const double us = s.d == 256   ? run_shape<256, false>(s, sms, stream)
                       : s.d == 128 ? (s.fp8 ? run_shape<128, true>(s, sms, stream) : run_shape<128, false>(s, sms, stream))
                                    : (s.fp8 ? run_shape<64, true>(s, sms, stream) : run_shape<64, false>(s, sms, stream));
@@ -145,7 +139,5 @@ int main(int argc, char** argv) {
                    "\"time_us\": %.2f, \"tflops\": %.2f}\n",
                    argv[1], s.model, s.batch, s.seq, s.seq, s.page, s.fp8 ? "fp8_e4m3" : "bf16", us, tflops);
     }
-  }
-  if (out) std::fclose(out);
-  return 0;
+  });
 }

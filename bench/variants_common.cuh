@@ -1,12 +1,13 @@
 // Pieces shared by the kernel-variant micro-benchmarks (prefill_sm90_variants.cu,
 // decode_sm90_variants.cu): the CUDA check, random fills, the bf16 problem both set up on a
-// paged cache, and the shape-index argument.
+// paged cache, and main's loop over the selected shapes.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstddef>
 #include <cstdlib>
 #include <vector>
 
@@ -61,18 +62,6 @@ inline pagedmha::detail::AttentionProblem bf16_problem(void* q, void* o, int hq,
   return p;
 }
 
-/// The start of main: the usage check (argv: variant name, JSON-lines file, optional
-/// shape indices), the device's SM count and a stream. False after printing the usage.
-inline bool start(int argc, char** argv, int& sms, cudaStream_t& stream) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s <variant name> <out.jsonl> [shape indices, e.g. 0,3]\n", argv[0]);
-    return false;
-  }
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  CHECK(cudaStreamCreate(&stream));
-  return true;
-}
-
 /// Which of n shapes to run: all without the argument, else a comma list of indices.
 /// Exits with status 2 on a bad list.
 inline std::vector<bool> shape_selection(int argc, char** argv, int arg, size_t n) {
@@ -89,6 +78,28 @@ inline std::vector<bool> shape_selection(int argc, char** argv, int arg, size_t 
     c = *end == ',' ? end + 1 : end;
   }
   return run;
+}
+
+/// A micro-benchmark's main: argv is the variant name, the JSON-lines file to append to
+/// and optional shape indices; each selected shape goes to run(shape, sms, stream, out)
+/// in order (out: the open file, or null when it cannot be opened).
+template <class Shape, std::size_t N, class Run>
+int run_shapes(int argc, char** argv, const Shape (&shapes)[N], Run run) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s <variant name> <out.jsonl> [shape indices, e.g. 0,3]\n", argv[0]);
+    return 2;
+  }
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreate(&stream));
+  const std::vector<bool> selected = shape_selection(argc, argv, 3, N);
+  FILE* out = std::fopen(argv[2], "a");
+  for (std::size_t i = 0; i < N; ++i) {
+    if (selected[i]) run(shapes[i], sms, stream, out);
+  }
+  if (out) std::fclose(out);
+  return 0;
 }
 
 }  // namespace variants

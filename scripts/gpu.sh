@@ -148,7 +148,7 @@ fi
 
 # --- SASS counts of the decode kernels' key-tile loop per phase: a report, never a failure
 if [ -d "$build" ]; then
-  objs=$(find "$build/src" -path '*/cuda/decode/*' -name '*.o' 2>/dev/null | sort)
+  objs=$(find "$build/src" -path '*/cuda/decode*/*' -name '*.o' 2>/dev/null | sort)
   if [ -z "$objs" ]; then
     note "sass count" skipped "no decode objects"
   else

@@ -39,8 +39,8 @@ Per kernel: the template instance read from the demangled AttentionTraits<D, T, 
 MT, KW, ...> (c++filt), keys per tile BN = KW * (4 / WM) with KW's default as in
 attention_mainloop.cuh, the loop's count, the count per phase, and instructions per key:
 each warp runs the loop body once per tile for its KW keys, so count / KW per warp. For
-decode_sm90_kernel<D, T> KW (and BN, a warp's tile) comes from --sm90-kw (D=KW pairs, the
-library's defaults of decode_sm90/policy.h) and WM is reported as 1 (16 rows).
+decode_sm90_kernel<D, T> KW (and BN, a warp's tile) comes from SM90_KW below (the
+defaults of decode_sm90/policy.h) and WM is reported as 1 (16 rows).
 
   python3 scripts/sass_count.py build/cuda/src/CMakeFiles/pagedmha.dir/cuda/decode/*.o --json counts.json
 

@@ -18,6 +18,7 @@
 #include "cuda/cuda_ops.h"
 #include "cuda/decode/decode_args.cuh"
 #include "cuda/decode/policy.h"
+#include "cuda/decode_sm90/policy.h"
 
 namespace pagedmha::cuda {
 
@@ -48,7 +49,7 @@ void batch_decode(const detail::AttentionProblem& p) {
   const int sm_count = multiprocessor_count(p.device.index);
   const auto stream = static_cast<cudaStream_t>(p.stream);
 #if PAGEDMHA_WITH_SM90
-  if (kernel_path(p.device.index) == KernelPath::sm90) {
+  if (sm90::kDecodeSm90 && kernel_path(p.device.index) == KernelPath::sm90) {
     bool done = false;
     dispatch_attention("batch_decode", p, [&](auto d, auto t, auto kv) {
       using T = typename decltype(t)::type;

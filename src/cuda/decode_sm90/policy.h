@@ -78,12 +78,14 @@ struct DecodePolicy {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-/// Whether a decode call runs here: the switch (PAGEDMHA_DECODE_SM90), G * q_len_per_req
-/// rows in one m16 tile, 16-bit queries (fp8 caches and queries stay on the portable
-/// kernel).
-/// The K / V layout test (TMA boxes per page) is paged_kv.cuh's kv_tma_ok.
+/// The switch: batch_decode (decode.cu) tries this kernel only when it is on.
+constexpr bool kDecodeSm90 = PAGEDMHA_DECODE_SM90 != 0;
+
+/// Whether a decode call fits here: G * q_len_per_req rows in one m16 tile, 16-bit queries
+/// (fp8 caches and queries stay on the portable kernel). The K / V layout test (TMA boxes
+/// per page) is paged_kv.cuh's kv_tma_ok.
 inline bool decode_sm90_rows_ok(int group, int q_len_per_req, bool q_fp8) {
-  return PAGEDMHA_DECODE_SM90 != 0 && !q_fp8 && group * q_len_per_req <= 16;
+  return !q_fp8 && group * q_len_per_req <= 16;
 }
 
 }  // namespace pagedmha::cuda::sm90

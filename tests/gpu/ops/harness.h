@@ -132,17 +132,32 @@ inline AttnCase gpu_case(bool decode = true) {
   return c;
 }
 
+/// Runs `p` on the GPU; a thrown error fails the case named `name` (and returns false), so
+/// the cases after it still run.
+inline bool run_gpu_or_fail(const AttnProblem& p, const std::string& name, int num_splits = 0) {
+  try {
+    run_gpu(p, num_splits);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << name << ": " << e.what();
+    return false;
+  }
+  return true;
+}
+
+/// Every query entry of `p` set to value() (in row, head, dim order).
+template <class Value>
+void fill_q(const AttnProblem& p, int hq, int d, Value value) {
+  for (int64_t r = 0; r < p.q.shape[0]; ++r)
+    for (int64_t h = 0; h < hq; ++h)
+      for (int64_t i = 0; i < d; ++i) p.q.set({r, h, i}, value());
+}
+
 /// Builds `c`, runs it on the GPU and checks it against the oracle. A thrown error
 /// fails this case only, so the cases after it still run.
 inline void check_case(AttnCase c, int num_splits = 0, const Tolerance* tol = nullptr) {
   c.name = describe(c) + " splits=" + std::to_string(num_splits);
   const AttnProblem p = build(c);
-  try {
-    run_gpu(p, num_splits);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << c.name << ": " << e.what();
-    return;
-  }
+  if (!run_gpu_or_fail(p, c.name, num_splits)) return;
   EXPECT_TRUE(tol ? check_attention(p, p.reference(), *tol) : check_attention(p, p.reference()));
 }
 
@@ -234,9 +249,7 @@ inline void check_overflowing_logits(AttnCase c, int num_splits = 0) {
   c.q_dtype = c.kv_dtype = DType::bf16;
   c.name = "overflowing logits " + describe(c) + " splits=" + std::to_string(num_splits);
   const AttnProblem p = build(c);
-  for (int64_t r = 0; r < p.q.shape[0]; ++r)
-    for (int64_t h = 0; h < c.Hq; ++h)
-      for (int64_t d = 0; d < c.D; ++d) p.q.set({r, h, d}, 1.0);
+  fill_q(p, c.Hq, c.D, [] { return 1.0; });
   const oracle::Format f = format_of(p.kv.dtype);
   for (int64_t s = 0; s < p.kv.num_pages * p.kv.page_size; ++s)
     for (int d = 0; d < c.D; ++d) {
@@ -250,12 +263,7 @@ inline void check_overflowing_logits(AttnCase c, int num_splits = 0) {
       want_lse.push_back(p.lse.get({r, h}));
       for (int64_t d = 0; d < c.D; ++d) want_o.push_back(p.out.get({r, h, d}));
     }
-  try {
-    run_gpu(p, num_splits);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << c.name << ": " << e.what();
-    return;
-  }
+  if (!run_gpu_or_fail(p, c.name, num_splits)) return;
   size_t i = 0, j = 0;
   for (int64_t r = 0; r < p.out.shape[0]; ++r)
     for (int64_t h = 0; h < c.Hq; ++h, ++j) {

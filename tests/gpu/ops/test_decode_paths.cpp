@@ -108,20 +108,13 @@ void check_huge_logits(AttnCase c) {
   const AttnProblem p = build(c);
   std::mt19937_64 rng(c.seed);
   const auto pick = [&] { return static_cast<double>(static_cast<int>(rng() % 5) - 2); };
-  for (int64_t r = 0; r < p.q.shape[0]; ++r)
-    for (int64_t h = 0; h < c.Hq; ++h)
-      for (int64_t d = 0; d < c.D; ++d) p.q.set({r, h, d}, pick());
+  fill_q(p, c.Hq, c.D, pick);
   const oracle::Format f = format_of(p.kv.dtype);
   for (int64_t s = 0; s < p.kv.num_pages * p.kv.page_size; ++s)
     for (int h = 0; h < c.Hkv; ++h)
       for (int d = 0; d < c.D; ++d) oracle::store(f, pick(), p.kv.kp(s, h, d));
   const Reference ref = p.reference(/*from_cache=*/true);
-  try {
-    run_gpu(p);
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << c.name << ": " << e.what();
-    return;
-  }
+  if (!run_gpu_or_fail(p, c.name)) return;
   EXPECT_TRUE(check_attention(p, ref)) << c.name;
 }
 

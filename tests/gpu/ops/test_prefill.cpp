@@ -164,18 +164,11 @@ TEST(GpuPrefill, Fp8KvQueriesPastFp16RangeSaturateOnHopper) {
     c.name = describe(c) + (hopper ? " (sm90: q saturated at 65504)" : " (portable: q exact)");
     AttnProblem p = build(c);
     std::mt19937_64 rng(c.seed);
-    for (int64_t r = 0; r < p.q.shape[0]; ++r)
-      for (int64_t h = 0; h < c.Hq; ++h)
-        for (int64_t d = 0; d < c.D; ++d) p.q.set({r, h, d}, rng() % 2 ? 0.0 : (rng() % 2 ? 131072.0 : -131072.0));
+    fill_q(p, c.Hq, c.D, [&] { return rng() % 2 ? 0.0 : (rng() % 2 ? 131072.0 : -131072.0); });
     AttnProblem expect = p;
     if (hopper) expect.c.sm_scale *= 65504.0 / 131072.0;
     const Reference ref = expect.reference(/*from_cache=*/true);
-    try {
-      run_gpu(p);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << c.name << ": " << e.what();
-      continue;
-    }
+    if (!run_gpu_or_fail(p, c.name)) continue;
     EXPECT_TRUE(check_attention(p, ref)) << c.name;
   }
 }
