@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute profile of one Hopper prefill variant on one shape of
 # bench/prefill_sm90_variants.cu (build it first with bench/prefill_variants.sh, which
-# leaves build/variants/<name>). Writes <out>/<name>-s<shape>.txt (every section of the
+# leaves build/variants-prefill/<name>). Writes <out>/<name>-s<shape>.txt (every section of the
 # `full` set) and <out>/<name>-s<shape>-sass.csv (per-instruction SASS with its stall
 # samples; SASS=0 leaves it out), and prints the headline figures. Clocks are left as
 # they are.
@@ -10,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 name=$1 shape=$2 out=${3:-build/profile}
-bin=build/variants/$name
+bin=build/variants-prefill/$name
 [ -x "$bin" ] || { echo "prefill_profile: $bin not built (bash bench/prefill_variants.sh $name:...)" >&2; exit 2; }
 mkdir -p "$out"
 rep=$out/$name-s$shape

@@ -25,7 +25,9 @@ namespace pagedmha::cuda::sm90 {
 
 template <class Pol, class T, class Variant>
 struct Consumer {
-  static constexpr int D = Pol::kHeadDim, BN = Pol::kBlockN, BM = Pol::kBlockM, S = Pol::kStages;
+  static constexpr int D = Pol::kHeadDim, BN = Pol::kBlockN, BM = Pol::kBlockM;
+  using KPipe = PipeState<Pol::kKStages>;
+  using VPipe = PipeState<Pol::kVStages>;
   using M = MmaType<Pol, T>;  // Q, K, V and P in the GEMMs; T is the output's
 
   const Sm90Params& p;
@@ -143,8 +145,8 @@ struct Consumer {
   template <bool pv, class OnPv>
   __device__ __forceinline__ void kv_step(const Variant& var, float (&s)[BN / 8][4], uint32_t (&pa)[BN / 16][4],
                                           float (&o)[D / 8][4], float (&alpha)[2], SoftmaxRows& smx,
-                                          const QueryTile& t, int tile, int q_slot, bool last, PipeState<S>& ks,
-                                          PipeState<S>& vs, OnPv on_pv) const {
+                                          const QueryTile& t, int tile, int q_slot, bool last, KPipe& ks, VPipe& vs,
+                                          OnPv on_pv) const {
     wait(sm.k_full(ks.slot), ks.phase);
     if constexpr (pv) wait(sm.v_full(vs.slot), vs.phase);
     // O (P V through two tiles back, complete) takes the pending P's rescale before S is
@@ -178,7 +180,7 @@ struct Consumer {
 
   /// The pending item's last P V and its epilogue, when no next QK goes with it.
   __device__ void drain(const Variant& var, uint32_t (&pa)[BN / 16][4], float (&o)[D / 8][4],
-                        const float (&alpha)[2], SoftmaxRows& done, const OutRows& prev, PipeState<S>& vs) const {
+                        const float (&alpha)[2], SoftmaxRows& done, const OutRows& prev, VPipe& vs) const {
     wait(sm.v_full(vs.slot), vs.phase);
     turn_wait();
     SoftmaxRows::rescale(o, alpha);
@@ -206,7 +208,8 @@ struct Consumer {
   /// drained pipeline cost them a QK, a softmax and a P V of idle tensor cores each).
   __device__ void run() {
     const Variant var{p.a};
-    PipeState<S> ks, vs;
+    KPipe ks;
+    VPipe vs;
     PipeState<Pol::kQSlots> qs;
     if (Pol::kPingPong && wg == W - 1) named_arrive(kBarTurn0, 256);  // warpgroup 0 goes first
     float s[BN / 8][4];

@@ -51,7 +51,7 @@ struct Walk {
 /// (16-bit, swizzled), the fp8 staging slots, then the mbarriers.
 template <class Pol>
 struct SmemLayout {
-  static constexpr int S = Pol::kStages;
+  static constexpr int SK = Pol::kKStages, SV = Pol::kVStages;
   char* base;
 
   __device__ explicit SmemLayout(char* raw)
@@ -62,19 +62,19 @@ struct SmemLayout {
 
   __device__ char* q(int s) const { return base + s * Pol::kQBytes; }
   __device__ char* k(int s) const { return base + kQAll + s * Pol::kTileBytes; }
-  __device__ char* v(int s) const { return base + kQAll + (S + s) * Pol::kTileBytes; }
-  __device__ char* raw(int r) const { return base + kQAll + 2 * S * Pol::kTileBytes + r * Pol::kRawBytes; }
+  __device__ char* v(int s) const { return base + kQAll + (SK + s) * Pol::kTileBytes; }
+  __device__ char* raw(int r) const { return base + kQAll + (SK + SV) * Pol::kTileBytes + r * Pol::kRawBytes; }
   __device__ uint64_t* bars() const {
-    return reinterpret_cast<uint64_t*>(base + kQAll + 2 * S * Pol::kTileBytes + Pol::kRawSlots * Pol::kRawBytes);
+    return reinterpret_cast<uint64_t*>(base + kQAll + (SK + SV) * Pol::kTileBytes + Pol::kRawSlots * Pol::kRawBytes);
   }
   __device__ uint64_t* q_full(int s) const { return bars() + s; }
   __device__ uint64_t* q_empty(int s) const { return bars() + QS + s; }
   __device__ uint64_t* k_full(int s) const { return bars() + 2 * QS + s; }
-  __device__ uint64_t* k_empty(int s) const { return bars() + 2 * QS + S + s; }
-  __device__ uint64_t* v_full(int s) const { return bars() + 2 * QS + 2 * S + s; }
-  __device__ uint64_t* v_empty(int s) const { return bars() + 2 * QS + 3 * S + s; }
-  __device__ uint64_t* raw_full(int r) const { return bars() + 2 * QS + 4 * S + r; }  // fp8 staging by TMA
-  static constexpr int kNumBars = 2 * QS + 4 * S + Pol::kRawSlots;
+  __device__ uint64_t* k_empty(int s) const { return bars() + 2 * QS + SK + s; }
+  __device__ uint64_t* v_full(int s) const { return bars() + 2 * QS + 2 * SK + s; }
+  __device__ uint64_t* v_empty(int s) const { return bars() + 2 * QS + 2 * SK + SV + s; }
+  __device__ uint64_t* raw_full(int r) const { return bars() + 2 * QS + 2 * (SK + SV) + r; }  // fp8 staging by TMA
+  static constexpr int kNumBars = 2 * QS + 2 * (SK + SV) + Pol::kRawSlots;
   static_assert(kNumBars * 8 <= Pol::kBarrierBytes, "barrier space");
 };
 

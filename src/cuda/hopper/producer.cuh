@@ -31,7 +31,9 @@ namespace pagedmha::cuda::sm90 {
 template <class Pol, class T, class KV>
 struct Producer {
   static constexpr bool kTma = Pol::kKvTma;
-  static constexpr int D = Pol::kHeadDim, BN = Pol::kBlockN, BM = Pol::kBlockM, S = Pol::kStages;
+  static constexpr int D = Pol::kHeadDim, BN = Pol::kBlockN, BM = Pol::kBlockM;
+  using KPipe = PipeState<Pol::kKStages>;
+  using VPipe = PipeState<Pol::kVStages>;
   static constexpr int kPanels = D / 64;
   static constexpr int kChunks = D / 8;  // 16-byte chunks of a 16-bit row
   static constexpr bool kFp8 = Pol::kFp8Kv;
@@ -54,7 +56,8 @@ struct Producer {
   }
 
   __device__ void run() {
-    PipeState<S> ks, vs;
+    KPipe ks;
+    VPipe vs;
     PipeState<Pol::kRawSlots ? Pol::kRawSlots : 1> raw;  // fp8 staging slots (full barriers count TMA bytes)
     PipeState<Pol::kQSlots> qs;
     const Walk walk(p);
@@ -62,22 +65,25 @@ struct Producer {
       const QueryTile t = walk.tile(p, item);
       const int n = t.keys.end - t.keys.begin;
       if (n <= 0) continue;  // the consumers write zeros without reading anything
-      wait(sm.q_empty(qs.slot), qs.phase ^ 1);
-      load_q(t, qs.slot);
-      qs.advance();
+      const auto next_q = [&] {
+        wait(sm.q_empty(qs.slot), qs.phase ^ 1);
+        load_q(t, qs.slot);
+        qs.advance();
+      };
       const int32_t* pages = p.a.page_table + int64_t{t.b} * p.a.page_table_row_stride;
       if constexpr (kFp8) {
+        next_q();
         convert_kv_all(t, pages, n, ks, vs, raw);
       } else if constexpr (kTma) {
         stream_kv(
-            t, n, ks, vs, [&](int tile) { return lane_page(t, pages, tile); },
-            [&](int tile, bool is_v, int page, PipeState<S>& st, const CUtensorMap& map) {
+            t, n, ks, vs, next_q, [&](int tile) { return lane_page(t, pages, tile); },
+            [&](int tile, bool is_v, int page, auto& st, const CUtensorMap& map) {
               tma_tile(t, pages, tile, is_v, page, st, map, walk.rank);
             });
       } else {
         stream_kv(
-            t, n, ks, vs, [&](int tile) { return row_page(t, pages, tile); },
-            [&](int tile, bool is_v, int page, PipeState<S>& st, const CUtensorMap&) {
+            t, n, ks, vs, next_q, [&](int tile) { return row_page(t, pages, tile); },
+            [&](int tile, bool is_v, int page, auto& st, const CUtensorMap&) {
               wait(is_v ? sm.v_empty(st.slot) : sm.k_empty(st.slot), st.phase ^ 1);
               gather<kChunks, 2>(t, tile, page, is_v, is_v ? sm.v(st.slot) : sm.k(st.slot));
               cp_async_arrive(is_v ? sm.v_full(st.slot) : sm.k_full(st.slot));
@@ -197,15 +203,19 @@ struct Producer {
     return u <= g.box(sp.e - 1) ? __ldg(pages + g.col(g.box_key(u))) : 0;
   }
 
-  /// The item's K / V tiles in the consumers' order K0, K1, V0, K2, V1, ...: `issue`
-  /// loads one; the page ids it needs (`page_of`, per lane) are read one tile ahead (their
-  /// latency hides behind the previous tile's waits and copies), and V_j reuses K_j's.
-  template <class PageOf, class Issue>
-  __device__ void stream_kv(const QueryTile& t, int n, PipeState<S>& ks, PipeState<S>& vs, PageOf page_of,
+  /// The item's Q (`next_q`: waits for a free query-tile buffer) and K / V tiles in the
+  /// consumers' order K0, K1, V0, K2, V1, ...: `issue` loads one; the page ids it needs
+  /// (`page_of`, per lane) are read one tile ahead (their latency hides behind the
+  /// previous tile's waits and copies), and V_j reuses K_j's.
+  template <class NextQ, class PageOf, class Issue>
+  __device__ void stream_kv(const QueryTile& t, int n, KPipe& ks, VPipe& vs, NextQ next_q, PageOf page_of,
                             Issue issue) const {
     const int last = t.keys.end - 1;
+    if constexpr (Pol::kQOrder == 0) next_q();
     int cur = page_of(last);
+    if constexpr (Pol::kQOrder == 1) next_q();
     issue(last, false, cur, ks, p.tm_k);
+    if constexpr (Pol::kQOrder == 2) next_q();
     int next = n > 1 ? page_of(last - 1) : 0;
     for (int j = 1; j < n; ++j) {
       issue(last - j, false, next, ks, p.tm_k);
@@ -222,8 +232,9 @@ struct Producer {
   /// expects the bytes of its units, then arrives (kTmaFullArrivals). In a cluster of two the boxes (unit, panel) alternate between the CTAs
   /// and each is multicast to both: each CTA's full barrier expects the whole tile, its
   /// empty barrier both CTAs' releases.
-  __device__ void tma_tile(const QueryTile& t, const int32_t* pages, int tile, bool is_v, int page,
-                           PipeState<S>& st, const CUtensorMap& map, int rank) const {
+  template <class Pipe>
+  __device__ void tma_tile(const QueryTile& t, const int32_t* pages, int tile, bool is_v, int page, Pipe& st,
+                           const CUtensorMap& map, int rank) const {
     const int lane = tid & 31, i = my_unit();
     const Span sp = span(t, tile);
     const PageGeometry& g = p.geo;
@@ -326,8 +337,8 @@ struct Producer {
 
   /// The item's 2n K / V tiles through the kRawSlots staging slots: elements x + 1 ..
   /// x + kRawSlots - 1 are in flight while element x converts into its stage.
-  __device__ void convert_kv_all(const QueryTile& t, const int32_t* pages, int n, PipeState<S>& ks,
-                                 PipeState<S>& vs, PipeState<Pol::kRawSlots>& raw) {
+  __device__ void convert_kv_all(const QueryTile& t, const int32_t* pages, int n, KPipe& ks, VPipe& vs,
+                                 PipeState<Pol::kRawSlots>& raw) {
     constexpr int R = Pol::kRawSlots;
     const int total = 2 * n;
     for (int i = 0; i < R && i < total; ++i) {

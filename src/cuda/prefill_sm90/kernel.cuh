@@ -31,11 +31,12 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
       Barrier::init(sm.q_full(s), p.tma_q ? 1 : 128);
       Barrier::init(sm.q_empty(s), Pol::kConsumerWarps);
     }
-    for (int s = 0; s < Pol::kStages; ++s) {
-      Barrier::init(sm.k_full(s), kv_arrivals);
-      Barrier::init(sm.v_full(s), kv_arrivals);
-      Barrier::init(sm.k_empty(s), releases);
-      Barrier::init(sm.v_empty(s), releases);
+    constexpr int kRingMax = Pol::kKStages > Pol::kVStages ? Pol::kKStages : Pol::kVStages;
+    for (int s = 0; s < kRingMax; ++s) {
+      if (s < Pol::kKStages) Barrier::init(sm.k_full(s), kv_arrivals);
+      if (s < Pol::kVStages) Barrier::init(sm.v_full(s), kv_arrivals);
+      if (s < Pol::kKStages) Barrier::init(sm.k_empty(s), releases);
+      if (s < Pol::kVStages) Barrier::init(sm.v_empty(s), releases);
     }
     // fp8 staging by TMA: lane 0 of each producer warp (each issues its share of the boxes).
     for (int r = 0; r < Pol::kRawSlots; ++r) Barrier::init(sm.raw_full(r), Producer<Pol, T, KV>::kTmaWarps);
@@ -44,7 +45,7 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
   // V rows a tile does not load meet probability 0: they must be finite, so the stages
   // start at zero (afterwards they only ever hold loaded rows).
   uint4* v = reinterpret_cast<uint4*>(sm.v(0));
-  for (int i = tid; i < Pol::kStages * Pol::kTileBytes / 16; i += Pol::kThreads) v[i] = make_uint4(0, 0, 0, 0);
+  for (int i = tid; i < Pol::kVStages * Pol::kTileBytes / 16; i += Pol::kThreads) v[i] = make_uint4(0, 0, 0, 0);
   fence_async_smem();
   // The peer's barriers exist before anything is multicast to it or arrives on them.
   if (p.cluster > 1) {

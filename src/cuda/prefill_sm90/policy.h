@@ -17,8 +17,12 @@
 // PAGEDMHA_SM90_WG3_PRODUCER_REGS=r the producer's registers with three,
 // PAGEDMHA_SM90_FP8_UNROLL=u the fp8 conversion loop's unroll, PAGEDMHA_SM90_FP8_BLOCK_N
 // and PAGEDMHA_SM90_FP8_RAW_SLOTS the fp8 tile's keys (D <= 128) and staging slots,
-// PAGEDMHA_SM90_Q_SLOTS=k forces k query-tile buffers, PAGEDMHA_SM90_FP8_MMA_F16=0 runs
-// fp8 KV's GEMMs in the query dtype.
+// PAGEDMHA_SM90_Q_SLOTS=k forces k query-tile buffers (where two K and two V stages
+// remain), PAGEDMHA_SM90_K_STAGES / _V_STAGES the K and V ring depths (within what shared
+// memory holds), PAGEDMHA_SM90_FP8_MMA_F16=0 runs fp8 KV's GEMMs in the query dtype,
+// PAGEDMHA_SM90_PRODUCER_REGS=r the producer's registers with two consumer warpgroups and
+// 16-bit TMA loads, PAGEDMHA_SM90_Q_ORDER=1 / 2 has the producer read an item's first page ids /
+// issue its first K tile before it waits for a free query-tile buffer.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -54,6 +58,18 @@
 #endif
 #ifndef PAGEDMHA_SM90_Q_SLOTS
 #define PAGEDMHA_SM90_Q_SLOTS 0
+#endif
+#ifndef PAGEDMHA_SM90_K_STAGES
+#define PAGEDMHA_SM90_K_STAGES 0
+#endif
+#ifndef PAGEDMHA_SM90_V_STAGES
+#define PAGEDMHA_SM90_V_STAGES 0
+#endif
+#ifndef PAGEDMHA_SM90_PRODUCER_REGS
+#define PAGEDMHA_SM90_PRODUCER_REGS 72
+#endif
+#ifndef PAGEDMHA_SM90_Q_ORDER
+#define PAGEDMHA_SM90_Q_ORDER 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -100,14 +116,20 @@ struct PrefillPolicy {
   // consumer warpgroups (512 threads, 128 each): 128 x 32 + 384 x 160 = 65,536 (FA3's
   // split); at D = 64 S, P and O take 128 of the 160, and the producer's TMA path fits
   // in 22 (ptxas allocates each setmaxnreg region within its count: no spills in either).
-  static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? PAGEDMHA_SM90_WG3_PRODUCER_REGS : 72;
-  static constexpr int kConsumerRegs = kConsumerWarpgroups == 3 ? (65536 - 128 * kProducerRegs) / 384 / 8 * 8 : 216;
+  static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? PAGEDMHA_SM90_WG3_PRODUCER_REGS
+                                      : (KvTma && !Fp8Kv ? PAGEDMHA_SM90_PRODUCER_REGS : 72);
+  static constexpr int kConsumerRegsFit = (65536 - 128 * kProducerRegs) / (128 * kConsumerWarpgroups) / 8 * 8;
+  static constexpr int kConsumerRegs = kConsumerRegsFit < 256 ? kConsumerRegsFit : 256;
   // Within a warpgroup, QK of tile j + 1 is issued before the softmax of tile j. Making
   // the warpgroups also take turns issuing (FA3's ping-pong, named barriers) costs 2-6%
   // here: without it every shape of bench/prefill_variants.sh was faster in two runs on
   // the H200 (2026-12-02 runs 6 and 7, docs/perf-notes/prefill-sm90.md), so it is off by default and
   // kept as an experiment.
   static constexpr bool kPingPong = PAGEDMHA_SM90_PINGPONG != 0;
+  // When the producer waits for a free query-tile buffer: 0 before anything of the item,
+  // 1 after reading its first page ids, 2 after issuing its first K tile (experiments:
+  // the first K tile's load then overlaps the previous item's last QK).
+  static constexpr int kQOrder = PAGEDMHA_SM90_Q_ORDER;
   // The softmax's ex2 flushes subnormal results (ex2.approx.ftz): one MUFU.EX2 per
   // probability instead of MUFU plus a compare and two multiplies, which roughly halves
   // the softmax's instructions (the wgmma consumers' critical path between their GEMMs;
@@ -119,27 +141,35 @@ struct PrefillPolicy {
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage (16-bit)
   static constexpr int kRawBytes = kBlockN * D;       // one fp8 staging slot
   static constexpr int kBarrierBytes = 256;
-  // K and V stages (each its own ring): as many as shared memory holds, up to 4. The
+  // K and V stages (each its own ring): as many as shared memory holds, up to 4 each. The
   // load latency of a tile (page-table read, then TMA from L2 or HBM, then the barrier
   // round trip through both CTAs of a cluster) spans more than one tile's compute, so
   // deeper rings keep the tensor cores fed (bench/prefill_variants.sh: stages-* rows).
-  static constexpr int stages_fit(int q_slots) {
-    return (227 * 1024 - 1024 - q_slots * kQBytes - kRawSlots * kRawBytes - kBarrierBytes) / (2 * kTileBytes);
+  // K and V + 16-bit tiles that fit beside q_slots query-tile buffers.
+  static constexpr int tiles_fit(int q_slots) {
+    return (227 * 1024 - 1024 - q_slots * kQBytes - kRawSlots * kRawBytes - kBarrierBytes) / kTileBytes;
   }
   static constexpr int kStagesWanted = PAGEDMHA_SM90_STAGES > 0 ? PAGEDMHA_SM90_STAGES : 4;
   static constexpr int stages(int q_slots) {
-    return kStagesWanted < stages_fit(q_slots) ? kStagesWanted : stages_fit(q_slots);
+    return kStagesWanted < tiles_fit(q_slots) / 2 ? kStagesWanted : tiles_fit(q_slots) / 2;
   }
   // Query-tile buffers: two where the second costs no K / V stage (D = 64), so the next
   // item's Q lands while the current one runs and the consumers go from one item to the
   // next without waiting for it (they already overlap the previous item's last P V and
   // epilogue with the next item's first QK: consumer.cuh). One elsewhere: at D = 128 a
   // second 32 KB buffer would take the third stage.
-  static constexpr int kQSlots = PAGEDMHA_SM90_Q_SLOTS > 0 ? PAGEDMHA_SM90_Q_SLOTS : (stages(2) == stages(1) ? 2 : 1);
-  static constexpr int kStages = stages(kQSlots);
-  static_assert(kStages >= 2, "two stages at least");
-  static constexpr int kSmemBytes = 1024 /* alignment slack */ + kQSlots * kQBytes + 2 * kStages * kTileBytes +
-                                    kRawSlots * kRawBytes + kBarrierBytes;
+  static constexpr int kQSlots = PAGEDMHA_SM90_Q_SLOTS > 0 && tiles_fit(PAGEDMHA_SM90_Q_SLOTS) >= 4
+                                     ? PAGEDMHA_SM90_Q_SLOTS
+                                     : (stages(2) == stages(1) ? 2 : 1);
+  static constexpr int kTilesFit = tiles_fit(kQSlots);
+  static constexpr int clamp_stages(int want, int most) { return want < most ? want : most; }
+  static constexpr int kKStages =
+      PAGEDMHA_SM90_K_STAGES > 0 ? clamp_stages(PAGEDMHA_SM90_K_STAGES, kTilesFit - 2) : stages(kQSlots);
+  static constexpr int kVStages =
+      clamp_stages(PAGEDMHA_SM90_V_STAGES > 0 ? PAGEDMHA_SM90_V_STAGES : stages(kQSlots), kTilesFit - kKStages);
+  static_assert(kKStages >= 2 && kVStages >= 2, "two stages at least");
+  static constexpr int kSmemBytes = 1024 /* alignment slack */ + kQSlots * kQBytes +
+                                    (kKStages + kVStages) * kTileBytes + kRawSlots * kRawBytes + kBarrierBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
