@@ -78,6 +78,23 @@ struct Consumer {
     cute::warpgroup_commit_batch();
   }
 
+  /// S of keys [h * BN / 2, h * BN / 2 + BN / 2) of the tile (kSplitQk): its own commit
+  /// group, so the softmax of the first half runs while the second is on the tensor cores.
+  __device__ void issue_qk_half(float (&s)[BN / 16][4], int slot, int q_slot, int h) const {
+    const uint32_t q = desc_lo_k_major(smem_addr(sm.q(q_slot)) + wg * 64 * 128);
+    // Rows of a K panel are 128 bytes; BN / 2 rows on is a whole number of swizzle atoms.
+    const uint32_t k = desc_lo_k_major(smem_addr(sm.k(slot)) + h * (BN / 2) * 128);
+    fence_operand(s);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;
+      gmma_ss<BN / 2, M>(s, gmma_desc(q + (((kk / 4) * BM * 128 + off) >> 4)),
+                         gmma_desc(k + (((kk / 4) * BN * 128 + off) >> 4)), kk > 0);
+    }
+    cute::warpgroup_commit_batch();
+  }
+
   __device__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[BN / 16][4], int slot) const {
     if constexpr (PAGEDMHA_SM90_DIAG >= 2) {
       cute::warpgroup_commit_batch();
@@ -104,7 +121,8 @@ struct Consumer {
 
   /// Masks the keys of a boundary tile that a row does not see (every key for padding
   /// rows).
-  __device__ void mask(float (&s)[BN / 8][4], int key0, const QueryTile& t) const {
+  template <int NS>
+  __device__ void mask(float (&s)[NS][4], int key0, const QueryTile& t) const {
     const int t4 = ltid & 3;
     int lo[2], hi[2];
 #pragma unroll
@@ -153,20 +171,52 @@ struct Consumer {
     // issued (after it, ptxas cannot tell O from the in-flight S across the item loop and
     // injects a wait: C7517); rare once the integer reference settles.
     if constexpr (pv) SoftmaxRows::rescale(o, alpha);
+    // The two key halves of S (kSplitQk): views of s.
+    auto& s0 = *reinterpret_cast<float(*)[BN / 16][4]>(&s[0][0]);
+    auto& s1 = *reinterpret_cast<float(*)[BN / 16][4]>(&s[BN / 16][0]);
     turn_wait();
-    issue_qk(s, ks.slot, q_slot);
+    if constexpr (Pol::kSplitQk) {
+      issue_qk_half(s0, ks.slot, q_slot, 0);
+      issue_qk_half(s1, ks.slot, q_slot, 1);
+    } else {
+      issue_qk(s, ks.slot, q_slot);
+    }
     if constexpr (pv) issue_pv(o, pa, vs.slot);
     turn_pass();
-    if constexpr (pv) {
-      cute::warpgroup_wait<1>();  // S
+    if constexpr (Pol::kSplitQk) {
+      // Each half is one online-softmax step; the first half's probabilities take the
+      // second's rescale (exact powers of two) when its reference moves.
+      cute::warpgroup_wait<pv ? 2 : 1>();  // the first half of S
+      fence_operand(s0);
+      softmax(var, s0, tile * BN, t, smx, alpha);
+      cute::warpgroup_wait<pv ? 1 : 0>();  // the second
+      fence_operand(s1);
+      release(sm.k_empty(ks.slot));
+      ks.advance();
+      if (last) release_q(q_slot);
+      float alpha1[2];
+      softmax(var, s1, tile * BN + BN / 2, t, smx, alpha1);
+      if (__any_sync(0xffffffffu, alpha1[0] != 1.0f || alpha1[1] != 1.0f)) {
+#pragma unroll
+        for (int i = 0; i < BN / 16; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s0[i][e] *= alpha1[e >> 1];
+        }
+      }
+      alpha[0] *= alpha1[0];
+      alpha[1] *= alpha1[1];
     } else {
-      cute::warpgroup_wait<0>();
+      if constexpr (pv) {
+        cute::warpgroup_wait<1>();  // S
+      } else {
+        cute::warpgroup_wait<0>();
+      }
+      fence_operand(s);
+      release(sm.k_empty(ks.slot));
+      ks.advance();
+      if (last) release_q(q_slot);
+      softmax(var, s, tile * BN, t, smx, alpha);
     }
-    fence_operand(s);
-    release(sm.k_empty(ks.slot));
-    ks.advance();
-    if (last) release_q(q_slot);
-    softmax(var, s, tile, t, smx, alpha);
     if constexpr (pv) {
       cute::warpgroup_wait<0>();  // the pending P V
       fence_operand(o);
@@ -262,16 +312,17 @@ struct Consumer {
     if (Pol::kPingPong && wg == 0) named_sync(kBarTurn0, 256);  // the last warpgroup's last pass
   }
 
-  __device__ void softmax(const Variant& var, float (&s)[BN / 8][4], int tile, const QueryTile& t, SoftmaxRows& smx,
+  /// One online-softmax step over the NS m16n8 fragments of keys [key0, key0 + 8 NS).
+  template <int NS>
+  __device__ void softmax(const Variant& var, float (&s)[NS][4], int key0, const QueryTile& t, SoftmaxRows& smx,
                           float (&alpha)[2]) const {
     if constexpr (PAGEDMHA_SM90_DIAG == 1 || PAGEDMHA_SM90_DIAG == 3) {
       alpha[0] = alpha[1] = 1.0f;
       return;
     }
     const float fold = var.transform(s);
-    const int key0 = tile * BN;
-    if (!(key0 >= t.keys.common_lo && key0 + BN <= t.keys.common_hi)) mask(s, key0, t);
-    smx.template step<BN / 8, Pol::kFtzExp2>(s, fold, alpha);
+    if (!(key0 >= t.keys.common_lo && key0 + 8 * NS <= t.keys.common_hi)) mask(s, key0, t);
+    smx.template step<NS, Pol::kFtzExp2>(s, fold, alpha);
   }
 
   /// Direct output: o = acc * scale (sink counted once, empty rows 0), lse in natural log.

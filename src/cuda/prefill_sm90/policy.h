@@ -22,7 +22,8 @@
 // memory holds), PAGEDMHA_SM90_FP8_MMA_F16=0 runs fp8 KV's GEMMs in the query dtype,
 // PAGEDMHA_SM90_PRODUCER_REGS=r the producer's registers with two consumer warpgroups and
 // 16-bit TMA loads, PAGEDMHA_SM90_Q_ORDER=1 / 2 has the producer read an item's first page ids /
-// issue its first K tile before it waits for a free query-tile buffer.
+// issue its first K tile before it waits for a free query-tile buffer, PAGEDMHA_SM90_SPLIT_QK=1 S in two key
+// halves (kSplitQk).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -67,6 +68,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_PRODUCER_REGS
 #define PAGEDMHA_SM90_PRODUCER_REGS 72
+#endif
+#ifndef PAGEDMHA_SM90_SPLIT_QK
+#define PAGEDMHA_SM90_SPLIT_QK 0
 #endif
 #ifndef PAGEDMHA_SM90_Q_ORDER
 #define PAGEDMHA_SM90_Q_ORDER 0
@@ -130,6 +134,9 @@ struct PrefillPolicy {
   // 1 after reading its first page ids, 2 after issuing its first K tile (experiments:
   // the first K tile's load then overlaps the previous item's last QK).
   static constexpr int kQOrder = PAGEDMHA_SM90_Q_ORDER;
+  // Experiment: S = Q K^T as two commit groups of BN / 2 keys, each its own online-softmax
+  // step, so the first half's softmax overlaps the second half's GEMM (consumer.cuh).
+  static constexpr bool kSplitQk = PAGEDMHA_SM90_SPLIT_QK != 0 && kBlockN == 128;
   // The softmax's ex2 flushes subnormal results (ex2.approx.ftz): one MUFU.EX2 per
   // probability instead of MUFU plus a compare and two multiplies, which roughly halves
   // the softmax's instructions (the wgmma consumers' critical path between their GEMMs;
@@ -141,32 +148,32 @@ struct PrefillPolicy {
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage (16-bit)
   static constexpr int kRawBytes = kBlockN * D;       // one fp8 staging slot
   static constexpr int kBarrierBytes = 256;
-  // K and V stages (each its own ring): as many as shared memory holds, up to 4 each. The
-  // load latency of a tile (page-table read, then TMA from L2 or HBM, then the barrier
-  // round trip through both CTAs of a cluster) spans more than one tile's compute, so
-  // deeper rings keep the tensor cores fed (bench/prefill_variants.sh: stages-* rows).
-  // K and V + 16-bit tiles that fit beside q_slots query-tile buffers.
+  // Shared memory beside the query-tile buffers and the fp8 staging slots holds K and V
+  // stages, each its own ring, up to 4 each: the load latency of a tile (page-table read,
+  // then TMA from L2 or HBM, then the barrier round trip through both CTAs of a cluster)
+  // spans more than one tile's compute, so deeper rings keep the tensor cores fed. V
+  // stages are held longer than K stages (a tile's P V is issued with the next tile's QK),
+  // so an odd tile goes to V.
   static constexpr int tiles_fit(int q_slots) {
     return (227 * 1024 - 1024 - q_slots * kQBytes - kRawSlots * kRawBytes - kBarrierBytes) / kTileBytes;
   }
   static constexpr int kStagesWanted = PAGEDMHA_SM90_STAGES > 0 ? PAGEDMHA_SM90_STAGES : 4;
-  static constexpr int stages(int q_slots) {
-    return kStagesWanted < tiles_fit(q_slots) / 2 ? kStagesWanted : tiles_fit(q_slots) / 2;
-  }
-  // Query-tile buffers: two where the second costs no K / V stage (D = 64), so the next
-  // item's Q lands while the current one runs and the consumers go from one item to the
-  // next without waiting for it (they already overlap the previous item's last P V and
-  // epilogue with the next item's first QK: consumer.cuh). One elsewhere: at D = 128 a
-  // second 32 KB buffer would take the third stage.
+  static constexpr int clamp_stages(int want, int most) { return want < most ? want : most; }
+  // Query-tile buffers: two where the rest still holds two K and three V stages, so the
+  // next item's Q lands while the current one runs (with one buffer the producer cannot
+  // load it before the item's last QK, and the consumers wait for it at every item). At
+  // D = 128 that trades the third K stage for the buffer: +7% at llama3-8b 16 x 1k, equal
+  // at 1 x 16k and 4 x 4k (H200, 2026-12-02 seventh session, run 1:
+  // docs/perf-notes/prefill-sm90.md). D = 64 keeps four and four. One buffer at D = 256
+  // and with fp8 staging at D = 128.
   static constexpr int kQSlots = PAGEDMHA_SM90_Q_SLOTS > 0 && tiles_fit(PAGEDMHA_SM90_Q_SLOTS) >= 4
                                      ? PAGEDMHA_SM90_Q_SLOTS
-                                     : (stages(2) == stages(1) ? 2 : 1);
+                                     : (tiles_fit(2) >= 5 ? 2 : 1);
   static constexpr int kTilesFit = tiles_fit(kQSlots);
-  static constexpr int clamp_stages(int want, int most) { return want < most ? want : most; }
-  static constexpr int kKStages =
-      PAGEDMHA_SM90_K_STAGES > 0 ? clamp_stages(PAGEDMHA_SM90_K_STAGES, kTilesFit - 2) : stages(kQSlots);
+  static constexpr int kKStages = clamp_stages(PAGEDMHA_SM90_K_STAGES > 0 ? PAGEDMHA_SM90_K_STAGES : kStagesWanted,
+                                               PAGEDMHA_SM90_K_STAGES > 0 ? kTilesFit - 2 : kTilesFit / 2);
   static constexpr int kVStages =
-      clamp_stages(PAGEDMHA_SM90_V_STAGES > 0 ? PAGEDMHA_SM90_V_STAGES : stages(kQSlots), kTilesFit - kKStages);
+      clamp_stages(PAGEDMHA_SM90_V_STAGES > 0 ? PAGEDMHA_SM90_V_STAGES : kStagesWanted, kTilesFit - kKStages);
   static_assert(kKStages >= 2 && kVStages >= 2, "two stages at least");
   static constexpr int kSmemBytes = 1024 /* alignment slack */ + kQSlots * kQBytes +
                                     (kKStages + kVStages) * kTileBytes + kRawSlots * kRawBytes + kBarrierBytes;
