@@ -182,7 +182,7 @@ struct Consumer {
       issue_qk(s, ks.slot, q_slot);
     }
     if constexpr (pv) issue_pv(o, pa, vs.slot);
-    turn_pass();
+    if constexpr (!Pol::kPassAfterS) turn_pass();
     if constexpr (Pol::kSplitQk) {
       // Each half is one online-softmax step; the first half's probabilities take the
       // second's rescale (exact powers of two) when its reference moves.
@@ -191,6 +191,7 @@ struct Consumer {
       softmax(var, s0, tile * BN, t, smx, alpha);
       cute::warpgroup_wait<pv ? 1 : 0>();  // the second
       fence_operand(s1);
+      if constexpr (Pol::kPassAfterS) turn_pass();
       release(sm.k_empty(ks.slot));
       ks.advance();
       if (last) release_q(q_slot);
@@ -212,6 +213,7 @@ struct Consumer {
         cute::warpgroup_wait<0>();
       }
       fence_operand(s);
+      if constexpr (Pol::kPassAfterS) turn_pass();
       release(sm.k_empty(ks.slot));
       ks.advance();
       if (last) release_q(q_slot);

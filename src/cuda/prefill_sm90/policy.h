@@ -130,6 +130,10 @@ struct PrefillPolicy {
   // the H200 (2026-12-02 runs 6 and 7, docs/perf-notes/prefill-sm90.md), so it is off by default and
   // kept as an experiment.
   static constexpr bool kPingPong = PAGEDMHA_SM90_PINGPONG != 0;
+  // PAGEDMHA_SM90_PINGPONG=2 (experiment): a warpgroup passes the turn once its S has
+  // landed rather than once issued, so the next one's QK cannot share the tensor cores
+  // with it and the two softmaxes alternate.
+  static constexpr bool kPassAfterS = PAGEDMHA_SM90_PINGPONG == 2;
   // When the producer waits for a free query-tile buffer: 0 before anything of the item,
   // 1 after reading its first page ids, 2 after issuing its first K tile (experiments:
   // the first K tile's load then overlaps the previous item's last QK).
