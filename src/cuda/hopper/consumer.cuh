@@ -78,23 +78,6 @@ struct Consumer {
     cute::warpgroup_commit_batch();
   }
 
-  /// S of keys [h * BN / 2, h * BN / 2 + BN / 2) of the tile (kSplitQk): its own commit
-  /// group, so the softmax of the first half runs while the second is on the tensor cores.
-  __device__ void issue_qk_half(float (&s)[BN / 16][4], int slot, int q_slot, int h) const {
-    const uint32_t q = desc_lo_k_major(smem_addr(sm.q(q_slot)) + wg * 64 * 128);
-    // Rows of a K panel are 128 bytes; BN / 2 rows on is a whole number of swizzle atoms.
-    const uint32_t k = desc_lo_k_major(smem_addr(sm.k(slot)) + h * (BN / 2) * 128);
-    fence_operand(s);
-    cute::warpgroup_arrive();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk % 4) * 32;
-      gmma_ss<BN / 2, M>(s, gmma_desc(q + (((kk / 4) * BM * 128 + off) >> 4)),
-                         gmma_desc(k + (((kk / 4) * BN * 128 + off) >> 4)), kk > 0);
-    }
-    cute::warpgroup_commit_batch();
-  }
-
   __device__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[BN / 16][4], int slot) const {
     if constexpr (PAGEDMHA_SM90_DIAG >= 2) {
       cute::warpgroup_commit_batch();
@@ -171,54 +154,20 @@ struct Consumer {
     // issued (after it, ptxas cannot tell O from the in-flight S across the item loop and
     // injects a wait: C7517); rare once the integer reference settles.
     if constexpr (pv) SoftmaxRows::rescale(o, alpha);
-    // The two key halves of S (kSplitQk): views of s.
-    auto& s0 = *reinterpret_cast<float(*)[BN / 16][4]>(&s[0][0]);
-    auto& s1 = *reinterpret_cast<float(*)[BN / 16][4]>(&s[BN / 16][0]);
     turn_wait();
-    if constexpr (Pol::kSplitQk) {
-      issue_qk_half(s0, ks.slot, q_slot, 0);
-      issue_qk_half(s1, ks.slot, q_slot, 1);
-    } else {
-      issue_qk(s, ks.slot, q_slot);
-    }
+    issue_qk(s, ks.slot, q_slot);
     if constexpr (pv) issue_pv(o, pa, vs.slot);
-    if constexpr (!Pol::kPassAfterS) turn_pass();
-    if constexpr (Pol::kSplitQk) {
-      // Each half is one online-softmax step; the first half's probabilities take the
-      // second's rescale (exact powers of two) when its reference moves.
-      cute::warpgroup_wait<pv ? 2 : 1>();  // the first half of S
-      fence_operand(s0);
-      softmax(var, s0, tile * BN, t, smx, alpha);
-      cute::warpgroup_wait<pv ? 1 : 0>();  // the second
-      fence_operand(s1);
-      if constexpr (Pol::kPassAfterS) turn_pass();
-      release(sm.k_empty(ks.slot));
-      ks.advance();
-      if (last) release_q(q_slot);
-      float alpha1[2];
-      softmax(var, s1, tile * BN + BN / 2, t, smx, alpha1);
-      if (__any_sync(0xffffffffu, alpha1[0] != 1.0f || alpha1[1] != 1.0f)) {
-#pragma unroll
-        for (int i = 0; i < BN / 16; ++i) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s0[i][e] *= alpha1[e >> 1];
-        }
-      }
-      alpha[0] *= alpha1[0];
-      alpha[1] *= alpha1[1];
+    turn_pass();
+    if constexpr (pv) {
+      cute::warpgroup_wait<1>();  // S
     } else {
-      if constexpr (pv) {
-        cute::warpgroup_wait<1>();  // S
-      } else {
-        cute::warpgroup_wait<0>();
-      }
-      fence_operand(s);
-      if constexpr (Pol::kPassAfterS) turn_pass();
-      release(sm.k_empty(ks.slot));
-      ks.advance();
-      if (last) release_q(q_slot);
-      softmax(var, s, tile * BN, t, smx, alpha);
+      cute::warpgroup_wait<0>();
     }
+    fence_operand(s);
+    release(sm.k_empty(ks.slot));
+    ks.advance();
+    if (last) release_q(q_slot);
+    softmax(var, s, tile * BN, t, smx, alpha);
     if constexpr (pv) {
       cute::warpgroup_wait<0>();  // the pending P V
       fence_operand(o);

@@ -211,11 +211,9 @@ struct Producer {
   __device__ void stream_kv(const QueryTile& t, int n, KPipe& ks, VPipe& vs, NextQ next_q, PageOf page_of,
                             Issue issue) const {
     const int last = t.keys.end - 1;
-    if constexpr (Pol::kQOrder == 0) next_q();
+    next_q();
     int cur = page_of(last);
-    if constexpr (Pol::kQOrder == 1) next_q();
     issue(last, false, cur, ks, p.tm_k);
-    if constexpr (Pol::kQOrder == 2) next_q();
     int next = n > 1 ? page_of(last - 1) : 0;
     for (int j = 1; j < n; ++j) {
       issue(last - j, false, next, ks, p.tm_k);

@@ -19,11 +19,7 @@
 // and PAGEDMHA_SM90_FP8_RAW_SLOTS the fp8 tile's keys (D <= 128) and staging slots,
 // PAGEDMHA_SM90_Q_SLOTS=k forces k query-tile buffers (where two K and two V stages
 // remain), PAGEDMHA_SM90_K_STAGES / _V_STAGES the K and V ring depths (within what shared
-// memory holds), PAGEDMHA_SM90_FP8_MMA_F16=0 runs fp8 KV's GEMMs in the query dtype,
-// PAGEDMHA_SM90_PRODUCER_REGS=r the producer's registers with two consumer warpgroups and
-// 16-bit TMA loads, PAGEDMHA_SM90_Q_ORDER=1 / 2 has the producer read an item's first page ids /
-// issue its first K tile before it waits for a free query-tile buffer, PAGEDMHA_SM90_SPLIT_QK=1 S in two key
-// halves (kSplitQk).
+// memory holds), PAGEDMHA_SM90_FP8_MMA_F16=0 runs fp8 KV's GEMMs in the query dtype.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -65,15 +61,6 @@
 #endif
 #ifndef PAGEDMHA_SM90_V_STAGES
 #define PAGEDMHA_SM90_V_STAGES 0
-#endif
-#ifndef PAGEDMHA_SM90_PRODUCER_REGS
-#define PAGEDMHA_SM90_PRODUCER_REGS 72
-#endif
-#ifndef PAGEDMHA_SM90_SPLIT_QK
-#define PAGEDMHA_SM90_SPLIT_QK 0
-#endif
-#ifndef PAGEDMHA_SM90_Q_ORDER
-#define PAGEDMHA_SM90_Q_ORDER 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -120,27 +107,14 @@ struct PrefillPolicy {
   // consumer warpgroups (512 threads, 128 each): 128 x 32 + 384 x 160 = 65,536 (FA3's
   // split); at D = 64 S, P and O take 128 of the 160, and the producer's TMA path fits
   // in 22 (ptxas allocates each setmaxnreg region within its count: no spills in either).
-  static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? PAGEDMHA_SM90_WG3_PRODUCER_REGS
-                                      : (KvTma && !Fp8Kv ? PAGEDMHA_SM90_PRODUCER_REGS : 72);
-  static constexpr int kConsumerRegsFit = (65536 - 128 * kProducerRegs) / (128 * kConsumerWarpgroups) / 8 * 8;
-  static constexpr int kConsumerRegs = kConsumerRegsFit < 256 ? kConsumerRegsFit : 256;
+  static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? PAGEDMHA_SM90_WG3_PRODUCER_REGS : 72;
+  static constexpr int kConsumerRegs = kConsumerWarpgroups == 3 ? (65536 - 128 * kProducerRegs) / 384 / 8 * 8 : 216;
   // Within a warpgroup, QK of tile j + 1 is issued before the softmax of tile j. Making
   // the warpgroups also take turns issuing (FA3's ping-pong, named barriers) costs 2-6%
   // here: without it every shape of bench/prefill_variants.sh was faster in two runs on
   // the H200 (2026-12-02 runs 6 and 7, docs/perf-notes/prefill-sm90.md), so it is off by default and
   // kept as an experiment.
   static constexpr bool kPingPong = PAGEDMHA_SM90_PINGPONG != 0;
-  // PAGEDMHA_SM90_PINGPONG=2 (experiment): a warpgroup passes the turn once its S has
-  // landed rather than once issued, so the next one's QK cannot share the tensor cores
-  // with it and the two softmaxes alternate.
-  static constexpr bool kPassAfterS = PAGEDMHA_SM90_PINGPONG == 2;
-  // When the producer waits for a free query-tile buffer: 0 before anything of the item,
-  // 1 after reading its first page ids, 2 after issuing its first K tile (experiments:
-  // the first K tile's load then overlaps the previous item's last QK).
-  static constexpr int kQOrder = PAGEDMHA_SM90_Q_ORDER;
-  // Experiment: S = Q K^T as two commit groups of BN / 2 keys, each its own online-softmax
-  // step, so the first half's softmax overlaps the second half's GEMM (consumer.cuh).
-  static constexpr bool kSplitQk = PAGEDMHA_SM90_SPLIT_QK != 0 && kBlockN == 128;
   // The softmax's ex2 flushes subnormal results (ex2.approx.ftz): one MUFU.EX2 per
   // probability instead of MUFU plus a compare and two multiplies, which roughly halves
   // the softmax's instructions (the wgmma consumers' critical path between their GEMMs;
