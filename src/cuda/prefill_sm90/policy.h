@@ -19,7 +19,9 @@
 // and PAGEDMHA_SM90_FP8_RAW_SLOTS the fp8 tile's keys (D <= 128) and staging slots,
 // PAGEDMHA_SM90_Q_SLOTS=k forces k query-tile buffers (where two K and two V stages
 // remain), PAGEDMHA_SM90_K_STAGES / _V_STAGES the K and V ring depths (within what shared
-// memory holds), PAGEDMHA_SM90_FP8_MMA_F16=0 runs fp8 KV's GEMMs in the query dtype.
+// memory holds), PAGEDMHA_SM90_FP8_MMA_F16=0 runs fp8 KV's GEMMs in the query dtype,
+// PAGEDMHA_SM90_PRODUCER_REGS=r the producer's registers with two consumer warpgroups and
+// 16-bit TMA loads (the consumers get the rest, at most 240).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -52,6 +54,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_FP8_MMA_F16
 #define PAGEDMHA_SM90_FP8_MMA_F16 1
+#endif
+#ifndef PAGEDMHA_SM90_PRODUCER_REGS
+#define PAGEDMHA_SM90_PRODUCER_REGS 72
 #endif
 #ifndef PAGEDMHA_SM90_Q_SLOTS
 #define PAGEDMHA_SM90_Q_SLOTS 0
@@ -107,8 +112,10 @@ struct PrefillPolicy {
   // consumer warpgroups (512 threads, 128 each): 128 x 32 + 384 x 160 = 65,536 (FA3's
   // split); at D = 64 S, P and O take 128 of the 160, and the producer's TMA path fits
   // in 22 (ptxas allocates each setmaxnreg region within its count: no spills in either).
-  static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? PAGEDMHA_SM90_WG3_PRODUCER_REGS : 72;
-  static constexpr int kConsumerRegs = kConsumerWarpgroups == 3 ? (65536 - 128 * kProducerRegs) / 384 / 8 * 8 : 216;
+  static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? PAGEDMHA_SM90_WG3_PRODUCER_REGS
+                                      : (KvTma && !Fp8Kv ? PAGEDMHA_SM90_PRODUCER_REGS : 72);
+  static constexpr int kConsumerRegsFit = (65536 - 128 * kProducerRegs) / (128 * kConsumerWarpgroups) / 8 * 8;
+  static constexpr int kConsumerRegs = kConsumerRegsFit < 240 ? kConsumerRegsFit : 240;
   // Within a warpgroup, QK of tile j + 1 is issued before the softmax of tile j. Making
   // the warpgroups also take turns issuing (FA3's ping-pong, named barriers) costs 2-6%
   // here: without it every shape of bench/prefill_variants.sh was faster in two runs on
