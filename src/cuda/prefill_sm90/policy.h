@@ -114,8 +114,13 @@ struct PrefillPolicy {
   // in 22 (ptxas allocates each setmaxnreg region within its count: no spills in either).
   static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? PAGEDMHA_SM90_WG3_PRODUCER_REGS
                                       : (KvTma && !Fp8Kv ? PAGEDMHA_SM90_PRODUCER_REGS : 72);
-  static constexpr int kConsumerRegsFit = (65536 - 128 * kProducerRegs) / (128 * kConsumerWarpgroups) / 8 * 8;
-  static constexpr int kConsumerRegs = kConsumerRegsFit < 240 ? kConsumerRegsFit : 240;
+  // The pool setmaxnreg moves registers within is what the launch gave the CTA: kThreads
+  // x (64K / kThreads rounded down to 8). Asking the consumers for more than the producer
+  // freed never returns (an H200 run hung on 32 / 240 with two consumer warpgroups).
+  static constexpr int kRegPool = kThreads * (65536 / kThreads / 8 * 8);
+  static constexpr int kConsumerRegs = (kRegPool - 128 * kProducerRegs) / (128 * kConsumerWarpgroups) / 8 * 8;
+  static_assert(kConsumerRegs <= 256 && 128 * kProducerRegs + 128 * kConsumerWarpgroups * kConsumerRegs <= kRegPool,
+                "setmaxnreg within the CTA's registers");
   // Within a warpgroup, QK of tile j + 1 is issued before the softmax of tile j. Making
   // the warpgroups also take turns issuing (FA3's ping-pong, named barriers) costs 2-6%
   // here: without it every shape of bench/prefill_variants.sh was faster in two runs on
