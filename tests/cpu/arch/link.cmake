@@ -1,2 +1,3 @@
-# Reads src/cuda/common/arch.h and src/cuda/decode/policy.h (plain C++) directly.
+# Reads src/cuda/common/arch.h, src/cuda/decode/policy.h and src/cuda/prefill_sm90/policy.h
+# (plain C++) directly.
 target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/src)

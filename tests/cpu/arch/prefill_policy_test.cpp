@@ -1,0 +1,81 @@
+// The Hopper prefill kernel's shared-memory and register layout (src/cuda/prefill_sm90/
+// policy.h, plain C++), against layouts worked out by hand from the rules stated there:
+// 227 KB per CTA less 1 KB of alignment slack and 256 bytes of barriers; two query-tile
+// buffers where two K and three V stages still fit, else one; up to four K and four V
+// stages, an odd tile to V; setmaxnreg splits within the CTA's launch registers.
+#include <gtest/gtest.h>
+
+#include "cuda/prefill_sm90/policy.h"
+
+namespace {
+
+using pagedmha::cuda::sm90::PrefillPolicy;
+
+struct Layout {
+  int warpgroups, q_slots, k_stages, v_stages, smem_bytes, producer_regs, consumer_regs;
+};
+
+template <class P>
+Layout layout_of() {
+  return {P::kConsumerWarpgroups, P::kQSlots,        P::kKStages,     P::kVStages,
+          P::kSmemBytes,          P::kProducerRegs, P::kConsumerRegs};
+}
+
+void expect_layout(const Layout& got, const Layout& want, const char* what) {
+  EXPECT_EQ(got.warpgroups, want.warpgroups) << what;
+  EXPECT_EQ(got.q_slots, want.q_slots) << what;
+  EXPECT_EQ(got.k_stages, want.k_stages) << what;
+  EXPECT_EQ(got.v_stages, want.v_stages) << what;
+  EXPECT_EQ(got.smem_bytes, want.smem_bytes) << what;
+  EXPECT_EQ(got.producer_regs, want.producer_regs) << what;
+  EXPECT_EQ(got.consumer_regs, want.consumer_regs) << what;
+}
+
+// Room for K / V tiles: 227 * 1024 - 1024 - 256 = 231,168 bytes less Q and fp8 staging.
+TEST(PrefillSm90Policy, LayoutsWorkedOutByHand) {
+  // D = 128, 16-bit: Q 128 x 128 x 2 = 32 KB, tiles 32 KB; two Q leave 165,632 B = 5
+  // tiles -> Q 2, K 2, V 3 (1024 + 64 KB + 5 x 32 KB + 256 = 230,656).
+  expect_layout(layout_of<PrefillPolicy<128, false, true>>(), {2, 2, 2, 3, 230656, 72, 216}, "D128 bf16 tma");
+  expect_layout(layout_of<PrefillPolicy<128, false, false>>(), {2, 2, 2, 3, 230656, 72, 216}, "D128 bf16 gather");
+  // D = 128, fp8: four 16 KB staging slots; two Q leave 3 tiles (< 5) -> Q 1, 4 tiles.
+  expect_layout(layout_of<PrefillPolicy<128, true, true>>(), {2, 1, 2, 2, 230656, 72, 216}, "D128 fp8");
+  // D = 64, 16-bit, TMA: three warpgroups (192 rows), Q 24 KB, tiles 16 KB: two Q leave
+  // 11 tiles -> 4 and 4 (1024 + 48 KB + 8 x 16 KB + 256 = 181,504); 32 / 160 registers.
+  expect_layout(layout_of<PrefillPolicy<64, false, true>>(), {3, 2, 4, 4, 181504, 32, 160}, "D64 bf16 tma");
+  // D = 64, fp8: two warpgroups, Q 16 KB, staging 4 x 8 KB: two Q leave 10 tiles -> 4, 4.
+  expect_layout(layout_of<PrefillPolicy<64, true, true>>(), {2, 2, 4, 4, 197888, 72, 216}, "D64 fp8");
+  // D = 256: Q 64 KB, tiles of 64 keys 32 KB; two Q leave 3 tiles -> one Q, 5 tiles: K 2,
+  // V 3 (1024 + 64 KB + 5 x 32 KB + 256 = 230,656).
+  expect_layout(layout_of<PrefillPolicy<256, false, true>>(), {2, 1, 2, 3, 230656, 72, 216}, "D256 bf16");
+  // D = 256, fp8: two 16 KB staging slots: one Q leaves 4 tiles.
+  expect_layout(layout_of<PrefillPolicy<256, true, true>>(), {2, 1, 2, 2, 230656, 72, 216}, "D256 fp8");
+}
+
+// Every layout fits the CTA's 227 KB, and the setmaxnreg split stays within the registers
+// the launch gives the CTA (threads x 64K / threads rounded down to 8): asking for more
+// never returns.
+template <class P>
+void expect_fits(const char* what) {
+  EXPECT_LE(P::kSmemBytes, 227 * 1024) << what;
+  EXPECT_GE(P::kKStages, 2) << what;
+  EXPECT_GE(P::kVStages, P::kKStages) << what;
+  const int launch_regs = P::kThreads * (65536 / P::kThreads / 8 * 8);
+  EXPECT_LE(128 * P::kProducerRegs + 128 * P::kConsumerWarpgroups * P::kConsumerRegs, launch_regs) << what;
+}
+
+TEST(PrefillSm90Policy, EveryInstantiationFitsSharedMemoryAndRegisters) {
+  expect_fits<PrefillPolicy<64, false, true>>("D64 bf16 tma");
+  expect_fits<PrefillPolicy<64, false, false>>("D64 bf16 gather");
+  expect_fits<PrefillPolicy<64, true, true>>("D64 fp8 tma");
+  expect_fits<PrefillPolicy<64, true, false>>("D64 fp8 gather");
+  expect_fits<PrefillPolicy<128, false, true>>("D128 bf16 tma");
+  expect_fits<PrefillPolicy<128, false, false>>("D128 bf16 gather");
+  expect_fits<PrefillPolicy<128, true, true>>("D128 fp8 tma");
+  expect_fits<PrefillPolicy<128, true, false>>("D128 fp8 gather");
+  expect_fits<PrefillPolicy<256, false, true>>("D256 bf16 tma");
+  expect_fits<PrefillPolicy<256, false, false>>("D256 bf16 gather");
+  expect_fits<PrefillPolicy<256, true, true>>("D256 fp8 tma");
+  expect_fits<PrefillPolicy<256, true, false>>("D256 fp8 gather");
+}
+
+}  // namespace
