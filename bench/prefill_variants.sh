@@ -10,7 +10,7 @@
 #
 #   [KERNEL=decode] [SHAPES=0,3] [BASE=<commit or dir>] [ROUNDS=2] bash bench/prefill_variants.sh ["name:-DFLAG=1 -DOTHER=2" ...]
 #   (default variants: the set below; SHAPES: indices into the binary's shape list, default
-#   all; BASE: also build the same benchmark source against another tree's src/ and include/,
+#   all; RUN_TIMEOUT: seconds per variant and round, default 120; BASE: also build the same benchmark source against another tree's src/ and include/,
 #   variant "base" (a commit is exported with git archive; where .git does not travel, export
 #   it beforehand: git archive <commit> src include | tar x -C <dir>); ROUNDS: run the whole
 #   variant list that many times, interleaved, default 1)
@@ -72,7 +72,8 @@ for _ in $(seq "${ROUNDS:-1}"); do
   for name in "${names[@]}"; do
     if [ -x "$dir/$name" ]; then
       # shellcheck disable=SC2086
-      "$dir/$name" "$name" "$jsonl" ${SHAPES:-} || echo "$name: run failed"
+      # A variant that hangs (a barrier never completing) loses its rows, not the run.
+      timeout "${RUN_TIMEOUT:-120}" "$dir/$name" "$name" "$jsonl" ${SHAPES:-} || echo "$name: run failed or timed out"
     else
       echo "$name: build failed: $(grep -m1 error "$dir/$name.build.log")"
     fi
