@@ -78,8 +78,8 @@ struct SmemLayout {
   static_assert(kNumBars * 8 <= Pol::kBarrierBytes, "barrier space");
 };
 
-// Named barriers (0 is __syncthreads): the consumers' turn-taking, the producer warpgroup.
-constexpr int kBarProducer = 1;  // the 128 producer threads
-constexpr int kBarTurn0 = 2;     // consumer warpgroup w may issue its GEMMs: barrier kBarTurn0 + w
+// Named barriers (0 is __syncthreads): the producer warpgroups, the consumers' turn-taking.
+constexpr int kBarProducer = 1;  // producer warpgroup r's 128 threads: barrier kBarProducer + r
+constexpr int kBarTurn0 = 3;     // consumer warpgroup w may issue its GEMMs: barrier kBarTurn0 + w
 
 }  // namespace pagedmha::cuda::sm90

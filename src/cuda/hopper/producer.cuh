@@ -1,4 +1,4 @@
-// The producer warpgroup of the Hopper kernels: loads each query tile's Q once and
+// The producer warpgroup(s) of the Hopper kernels: loads each query tile's Q once and
 // streams its K / V tiles (last key tile first, the consumers' order: K0 K1 V0 K2 V1 ...)
 // into the swizzled rings, signalling the consumers through mbarriers. Three ways in,
 // chosen once per launch (paged_kv.cuh kv_tma_ok, policy.h q_tma_ok):
@@ -11,7 +11,9 @@
 //     zero-filling keys outside the tile's span;
 //   * fp8 caches: the raw e4m3 tile lands (TMA boxes shared by the four warps as above,
 //     or the gather) in one of the staging slots, then all 128 threads convert it exactly
-//     into the 16-bit stage, zeroing keys outside the span.
+//     into the 16-bit stage, zeroing keys outside the span. Two producer warpgroups
+//     where the policy says so: one loads Q and converts the K tiles, the other the V
+//     tiles, each through its own staging slots and named barrier.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,7 +43,8 @@ struct Producer {
 
   const Sm90Params& p;
   const SmemLayout<Pol> sm;  // by value: a reference would put it in local memory
-  int tid;  // 0..127
+  int tid;   // 0..127 within the producer warpgroup
+  int role;  // fp8 with two producer warpgroups: 0 loads Q and streams K, 1 streams V; else 0
 
   /// Keys [a, e) of KV tile `tile` that the query tile reads.
   struct Span {
@@ -55,10 +58,28 @@ struct Producer {
     return r;
   }
 
+  /// What a producer warpgroup loads: everything (one producer warpgroup), or with two
+  /// (fp8 caches) Q and the K tiles, or the V tiles. Compile-time in the loops, so each
+  /// warpgroup's code holds only its own pipeline state in its few registers.
+  enum class Role { kAll, kQK, kV };
+
   __device__ void run() {
+    if constexpr (Pol::kProducerWarpgroups == 2) {
+      if (role == 0) {
+        run_as<Role::kQK>();
+      } else {
+        run_as<Role::kV>();
+      }
+    } else {
+      run_as<Role::kAll>();
+    }
+  }
+
+  template <Role kRole>
+  __device__ void run_as() {
     KPipe ks;
     VPipe vs;
-    PipeState<Pol::kRawSlots ? Pol::kRawSlots : 1> raw;  // fp8 staging slots (full barriers count TMA bytes)
+    PipeState<kRawPerRole> raw;  // this warpgroup's fp8 staging slots (full barriers count TMA bytes)
     PipeState<Pol::kQSlots> qs;
     const Walk walk(p);
     for (int item = walk.first; item < walk.total; item += walk.stride) {
@@ -72,8 +93,8 @@ struct Producer {
       };
       const int32_t* pages = p.a.page_table + int64_t{t.b} * p.a.page_table_row_stride;
       if constexpr (kFp8) {
-        next_q();
-        convert_kv_all(t, pages, n, ks, vs, raw);
+        if constexpr (kRole != Role::kV) next_q();
+        convert_kv<kRole>(t, pages, n, ks, vs, raw);
       } else if constexpr (kTma) {
         stream_kv(
             t, n, ks, vs, next_q, [&](int tile) { return lane_page(t, pages, tile); },
@@ -333,44 +354,70 @@ struct Producer {
 
   // ---- fp8 K / V ---------------------------------------------------------------------
 
-  /// The item's 2n K / V tiles through the kRawSlots staging slots: elements x + 1 ..
-  /// x + kRawSlots - 1 are in flight while element x converts into its stage.
-  __device__ void convert_kv_all(const QueryTile& t, const int32_t* pages, int n, KPipe& ks, VPipe& vs,
-                                 PipeState<Pol::kRawSlots>& raw) {
-    constexpr int R = Pol::kRawSlots;
-    const int total = 2 * n;
+  /// Staging slots per producer warpgroup: all of them with one, half each with two (the
+  /// K warpgroup's first, then the V warpgroup's).
+  static constexpr int kRawPerRole = Pol::kRawSlots > 0 ? Pol::kRawSlots / Pol::kProducerWarpgroups : 1;
+
+  /// Element x of this warpgroup's stream of an item's tiles: with one producer
+  /// warpgroup the consumers' order K0, K1, V0, K2, V1, .. (kv_order, 2n elements); with
+  /// two, its own K or V tiles, last key tile first (n elements each).
+  struct Elem {
+    int tile;
+    bool is_v;
+  };
+  template <Role kRole>
+  __device__ static Elem elem(const QueryTile& t, int n, int x) {
+    if constexpr (kRole != Role::kAll) {
+      return {t.keys.end - 1 - x, kRole == Role::kV};
+    } else {
+      int j;
+      bool is_v;
+      kv_order(x, n, j, is_v);
+      return {t.keys.end - 1 - j, is_v};
+    }
+  }
+
+  /// The item's K / V tiles through the warpgroup's kRawPerRole staging slots: elements
+  /// x + 1 .. x + kRawPerRole - 1 are in flight while element x converts into its stage.
+  template <Role kRole>
+  __device__ void convert_kv(const QueryTile& t, const int32_t* pages, int n, KPipe& ks, VPipe& vs,
+                             PipeState<kRawPerRole>& raw) {
+    constexpr int R = kRawPerRole;
+    // This warpgroup's staging slots and named barrier.
+    constexpr int kSlot0 = kRole == Role::kV ? kRawPerRole : 0;
+    constexpr int kBar = kBarProducer + (kRole == Role::kV ? 1 : 0);
+    const auto elem = [&](int x) { return Producer::elem<kRole>(t, n, x); };
+    const int total = kRole == Role::kAll ? 2 * n : n;
     for (int i = 0; i < R && i < total; ++i) {
-      issue_raw(t, n, i, (raw.slot + i) % R, raw_page(t, pages, n, i));
+      issue_raw(t, elem(i), kSlot0 + (raw.slot + i) % R, raw_page(t, pages, elem(i)));
       if (!kTma) cp_async_commit();
     }
     for (int x = 0; x < total; ++x) {
-      const int ahead = x + R < total ? raw_page(t, pages, n, x + R) : 0;  // used after this conversion
+      const int ahead = x + R < total ? raw_page(t, pages, elem(x + R)) : 0;  // used after this conversion
       if constexpr (kTma) {
-        wait(sm.raw_full(raw.slot), raw.phase);
+        wait(sm.raw_full(kSlot0 + raw.slot), raw.phase);
       } else {
         if (total - 1 - x >= R - 1) {
           cp_async_wait<R - 1>();
         } else {
           cp_async_wait<0>();
         }
-        named_sync(kBarProducer, 128);  // every thread's raw chunks of element x have landed
+        named_sync(kBar, 128);  // every thread's raw chunks of element x have landed
       }
-      int j;
-      bool is_v;
-      kv_order(x, n, j, is_v);
-      const Span sp = span(t, t.keys.end - 1 - j);
-      const int slot = is_v ? vs.slot : ks.slot;
-      wait(is_v ? sm.v_empty(slot) : sm.k_empty(slot), (is_v ? vs.phase : ks.phase) ^ 1);
-      convert_tile(smem_addr(sm.raw(raw.slot)), smem_addr(is_v ? sm.v(slot) : sm.k(slot)), sp);
+      const Elem e = elem(x);
+      const Span sp = span(t, e.tile);
+      const int slot = e.is_v ? vs.slot : ks.slot;
+      wait(e.is_v ? sm.v_empty(slot) : sm.k_empty(slot), (e.is_v ? vs.phase : ks.phase) ^ 1);
+      convert_tile(smem_addr(sm.raw(kSlot0 + raw.slot)), smem_addr(e.is_v ? sm.v(slot) : sm.k(slot)), sp);
       fence_async_smem();
-      arrive(is_v ? sm.v_full(slot) : sm.k_full(slot));
-      named_sync(kBarProducer, 128);  // the staging slot may be refilled
+      arrive(e.is_v ? sm.v_full(slot) : sm.k_full(slot));
+      named_sync(kBar, 128);  // the staging slot may be refilled
       if (x + R < total) {
-        issue_raw(t, n, x + R, raw.slot, ahead);
+        issue_raw(t, elem(x + R), kSlot0 + raw.slot, ahead);
         if (!kTma) cp_async_commit();
       }
       raw.advance();
-      if (is_v) {
+      if (e.is_v) {
         vs.advance();
       } else {
         ks.advance();
@@ -383,61 +430,66 @@ struct Producer {
   /// phase, so addresses differ by constants). Each group of kFp8ConvertUnroll chunks is
   /// loaded before any of it converts, so its loads are in flight together; keys outside
   /// the span have their raw bytes zeroed (e4m3 0 is +0) instead of a guarded load (one
-  /// branch and one round trip per chunk).
+  /// branch and one round trip per chunk). Tiles inside the span (all but an item's first
+  /// and last) skip that test: a compare and four selects per 16 keys' bytes.
   __device__ void convert_tile(uint32_t src, uint32_t dst, const Span& sp) const {
+    if (sp.a == sp.key0 && sp.e == sp.key0 + BN) {
+      convert_tile_as<false>(src, dst, sp);
+    } else {
+      convert_tile_as<true>(src, dst, sp);
+    }
+  }
+  template <bool kEdge>
+  __device__ __forceinline__ void convert_tile_as(uint32_t src, uint32_t dst, const Span& sp) const {
     constexpr int kPerThread = BN * (D / 16) / 128;  // 16-byte raw chunks per thread
     constexpr int U = Pol::kFp8ConvertUnroll < kPerThread ? Pol::kFp8ConvertUnroll : kPerThread;
     static_assert(BN * (D / 16) % 128 == 0 && kPerThread % U == 0, "whole groups of chunks per thread");
+    // Chunk k of the thread: raw row r0 + k * kRowStep, column c0 (16 bytes); its two
+    // 16-bit chunks keep their swizzle phase (kRowStep is a multiple of 8), so every
+    // address is a base plus a compile-time step: three registers across the tile, where
+    // per-chunk offsets hoisted out of the loop spilled the producer's 40 registers.
+    constexpr int kRowStep = 128 / (D / 16);
+    static_assert(kRowStep % 8 == 0, "one swizzle phase per thread");
+    const int r0 = tid / (D / 16), c0 = tid % (D / 16);
+    const uint32_t src0 = src + r0 * D + c0 * 16;
+    const uint32_t dst0 = dst + tile_offset(BN, r0, 2 * c0), dst1 = dst + tile_offset(BN, r0, 2 * c0 + 1);
     // The gather's producer holds its row addresses across the tile: groups one at a time.
     constexpr int kGroupsUnrolled = kTma ? kPerThread / U : 1;
 #pragma unroll(kGroupsUnrolled)
     for (int g = 0; g < kPerThread; g += U) {
       uint4 in[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int idx = tid + (g + u) * 128;
-        in[u] = lds128(src + (idx / (D / 16)) * D + (idx % (D / 16)) * 16);
-      }
+      for (int u = 0; u < U; ++u) in[u] = lds128(src0 + (g + u) * kRowStep * D);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int idx = tid + (g + u) * 128;
-        const int r = idx / (D / 16), c = idx % (D / 16);
-        const int pos = sp.key0 + r;
-        if (!(pos >= sp.a && pos < sp.e)) in[u] = make_uint4(0, 0, 0, 0);  // e4m3 0 is +0
+        const int pos = sp.key0 + r0 + (g + u) * kRowStep;
+        if (kEdge && !(pos >= sp.a && pos < sp.e)) in[u] = make_uint4(0, 0, 0, 0);  // e4m3 0 is +0
         uint4 out[2];
         fp8x16_cache_to<M>(in[u], out);
-        sts128(dst + tile_offset(BN, r, 2 * c), out[0]);
-        sts128(dst + tile_offset(BN, r, 2 * c + 1), out[1]);
+        sts128(dst0 + (g + u) * kRowStep * 128, out[0]);
+        sts128(dst1 + (g + u) * kRowStep * 128, out[1]);
       }
     }
   }
 
-  /// This lane's page id for element x's raw load (TMA: lane i's box; gather: row i of
+  /// This lane's page id for element e's raw load (TMA: lane i's box; gather: row i of
   /// the lane's warp), read before the load is due so that its latency overlaps the
   /// conversions in between.
-  __device__ int raw_page(const QueryTile& t, const int32_t* pages, int n, int x) const {
-    int j;
-    bool is_v;
-    kv_order(x, n, j, is_v);
-    const int tile = t.keys.end - 1 - j;
+  __device__ int raw_page(const QueryTile& t, const int32_t* pages, const Elem& e) const {
     if constexpr (kTma) {
-      return lane_page(t, pages, tile);
+      return lane_page(t, pages, e.tile);
     } else {
-      return row_page(t, pages, tile);
+      return row_page(t, pages, e.tile);
     }
   }
 
-  /// Element x's raw e4m3 tile (dense rows of D bytes) into staging slot `slot` with the
+  /// Element e's raw e4m3 tile (dense rows of D bytes) into staging slot `slot` with the
   /// thread's page id from raw_page: TMA boxes of R rows, unit my_unit() per thread (each
   /// warp's bytes and lane 0's arrival counted on raw_full[slot]), or the gather.
-  __device__ void issue_raw(const QueryTile& t, int n, int x, int slot, int page) const {
-    int j;
-    bool is_v;
-    kv_order(x, n, j, is_v);
-    const int tile = t.keys.end - 1 - j;
-    const Span sp = span(t, tile);
+  __device__ void issue_raw(const QueryTile& t, const Elem& e, int slot, int page) const {
+    const Span sp = span(t, e.tile);
     if constexpr (!kTma) {
-      gather<D / 16, 1>(t, tile, page, is_v, sm.raw(slot));
+      gather<D / 16, 1>(t, e.tile, page, e.is_v, sm.raw(slot));
       return;
     }
     const PageGeometry& g = p.geo;
@@ -449,7 +501,7 @@ struct Producer {
     if (lane == 0 && bytes > 0) expect_tx(full, bytes);
     __syncwarp();
     if (mine) {
-      tma_load_4d(is_v ? &p.tm_v : &p.tm_k, full, sm.raw(slot) + (g.box_key(u) - sp.key0) * D, 0, t.kv_head,
+      tma_load_4d(e.is_v ? &p.tm_v : &p.tm_k, full, sm.raw(slot) + (g.box_key(u) - sp.key0) * D, 0, t.kv_head,
                   g.row(g.box_key(u)), page, kEvictLast);
     }
     __syncwarp();

@@ -1,6 +1,7 @@
 // The Hopper prefill / extend kernel: a persistent grid (one CTA per SM, clusters of two
 // when they can share K / V) walking the plan's query tiles longest first; per CTA one
-// producer warpgroup (producer.cuh) and two or three consumer warpgroups (consumer.cuh) with
+// producer warpgroup (two for fp8 caches: producer.cuh) and two or three consumer
+// warpgroups (consumer.cuh) with
 // setmaxnreg moving registers to the consumers. Shapes and heuristics: policy.h.
 #pragma once
 
@@ -54,12 +55,16 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
   } else {
     __syncthreads();
   }
-  if (tid < 128) {
+  if (tid < Pol::kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<Pol::kProducerRegs>();
-    Producer<Pol, T, KV>{p, sm, tid}.run();
+    if constexpr (Pol::kProducerWarpgroups == 1) {
+      Producer<Pol, T, KV>{p, sm, tid, 0}.run();
+    } else {
+      Producer<Pol, T, KV>{p, sm, tid % 128, tid / 128}.run();
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Pol::kConsumerRegs>();
-    Consumer<Pol, T, DeviceVariant>{p, sm, warpgroup_index() - 1, tid % 128}.run();
+    Consumer<Pol, T, DeviceVariant>{p, sm, warpgroup_index() - Pol::kProducerWarpgroups, tid % 128}.run();
   }
   // No CTA leaves while its peer may still arrive on its barriers.
   if (p.cluster > 1) {

@@ -21,7 +21,9 @@
 // remain), PAGEDMHA_SM90_K_STAGES / _V_STAGES the K and V ring depths (within what shared
 // memory holds), PAGEDMHA_SM90_FP8_MMA_F16=0 runs fp8 KV's GEMMs in the query dtype,
 // PAGEDMHA_SM90_PRODUCER_REGS=r the producer's registers with two consumer warpgroups and
-// 16-bit TMA loads (the consumers get the rest, at most 240).
+// 16-bit TMA loads (the consumers get the rest, at most 240), PAGEDMHA_SM90_FP8_PRODUCERS=1
+// one producer warpgroup converting both K and V of an fp8 cache (default 2) and
+// PAGEDMHA_SM90_FP8_PRODUCER_REGS=r their registers with two.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -58,6 +60,12 @@
 #ifndef PAGEDMHA_SM90_PRODUCER_REGS
 #define PAGEDMHA_SM90_PRODUCER_REGS 72
 #endif
+#ifndef PAGEDMHA_SM90_FP8_PRODUCERS
+#define PAGEDMHA_SM90_FP8_PRODUCERS 2
+#endif
+#ifndef PAGEDMHA_SM90_FP8_PRODUCER_REGS
+#define PAGEDMHA_SM90_FP8_PRODUCER_REGS 56
+#endif
 #ifndef PAGEDMHA_SM90_Q_SLOTS
 #define PAGEDMHA_SM90_Q_SLOTS 0
 #endif
@@ -93,18 +101,31 @@ struct PrefillPolicy {
   static constexpr int kConsumerWarpgroups = D == 64 && KvTma && !Fp8Kv && PAGEDMHA_SM90_WG3 ? 3 : 2;
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;  // arrivals on an empty barrier
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
-  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  // Producer warpgroups: one; two for fp8 caches, one converting K and one V, each with
+  // its own staging slots. One warpgroup converting both was fp8's limit (its serial
+  // wait-convert-arrive chain per tile against two tiles per KV step:
+  // docs/perf-notes/prefill-sm90.md): +22-30% at llama3-8b and gpt-oss, 1 x 16k and 4 x 4k
+  // (H200, 2026-12-02 eighth session, run 2). Only with TMA loads (the gather's row
+  // addresses do not fit the 56 registers two producer warpgroups leave each thread), and
+  // not at D = 256, whose two staging slots would leave each warpgroup one (no load in
+  // flight while it converts).
+  static constexpr int kProducerWarpgroups = Fp8Kv && KvTma && D <= 128 && PAGEDMHA_SM90_FP8_PRODUCERS == 2 ? 2 : 1;
+  static constexpr int kThreads = 128 * (kProducerWarpgroups + kConsumerWarpgroups);
   // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128; 64 at
   // D = 256, whose O accumulator alone is 128 registers per thread.
   static constexpr int kBlockN = D == 256 ? 64 : (Fp8Kv ? PAGEDMHA_SM90_FP8_BLOCK_N : 128);
-  // fp8 caches land raw (BN x D bytes) in staging slots the producer warpgroup converts
+  // fp8 caches land raw (BN x D bytes) in staging slots the producer warpgroup(s) convert
   // from into the 16-bit stages: 4 (3 tiles in flight while one converts: a tile's load
-  // latency is ~3 conversions) where shared memory allows, 2 at D = 256.
+  // latency is ~3 conversions; two each with two producer warpgroups) where shared memory
+  // allows, 2 at D = 256 (one each).
   static constexpr int kRawSlots = Fp8Kv ? (D == 256 ? 2 : PAGEDMHA_SM90_FP8_RAW_SLOTS) : 0;
   // 16-byte raw chunks each producer thread loads before converting them (loads in flight
   // per thread): 4 (+2% over 2 at llama3-8b 1 x 16k, H200 run 13), 2 at D = 256, where 4
   // spills in the producer's 72 registers.
-  static constexpr int kFp8ConvertUnroll = PAGEDMHA_SM90_FP8_UNROLL > 0 ? PAGEDMHA_SM90_FP8_UNROLL : (D == 256 ? 2 : 4);
+  // Two producer warpgroups: 1 (more spills in their 56 registers; the other warpgroup's
+  // conversion fills the latency).
+  static constexpr int kFp8ConvertUnroll =
+      PAGEDMHA_SM90_FP8_UNROLL > 0 ? PAGEDMHA_SM90_FP8_UNROLL : (kProducerWarpgroups == 2 ? 1 : D == 256 ? 2 : 4);
   // setmaxnreg: 384 threads start with 168 registers (64K / 384, rounded down to 8);
   // the producer warpgroup gives some up and the consumers take them: 128 x 72 +
   // 256 x 216 = 64,512. The consumers need ~185 (D <= 128) to ~200 (D = 256, O alone is
@@ -112,14 +133,18 @@ struct PrefillPolicy {
   // consumer warpgroups (512 threads, 128 each): 128 x 32 + 384 x 160 = 65,536 (FA3's
   // split); at D = 64 S, P and O take 128 of the 160, and the producer's TMA path fits
   // in 22 (ptxas allocates each setmaxnreg region within its count: no spills in either).
+  // Two producer warpgroups (fp8, 512 threads of 128): 256 x 56 + 256 x 200 = 65,536.
   static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? PAGEDMHA_SM90_WG3_PRODUCER_REGS
-                                      : (KvTma && !Fp8Kv ? PAGEDMHA_SM90_PRODUCER_REGS : 72);
+                                       : kProducerWarpgroups == 2 ? PAGEDMHA_SM90_FP8_PRODUCER_REGS
+                                       : (KvTma && !Fp8Kv ? PAGEDMHA_SM90_PRODUCER_REGS : 72);
   // The pool setmaxnreg moves registers within is what the launch gave the CTA: kThreads
   // x (64K / kThreads rounded down to 8). Asking the consumers for more than the producer
   // freed never returns (an H200 run hung on 32 / 240 with two consumer warpgroups).
   static constexpr int kRegPool = kThreads * (65536 / kThreads / 8 * 8);
-  static constexpr int kConsumerRegs = (kRegPool - 128 * kProducerRegs) / (128 * kConsumerWarpgroups) / 8 * 8;
-  static_assert(kConsumerRegs <= 256 && 128 * kProducerRegs + 128 * kConsumerWarpgroups * kConsumerRegs <= kRegPool,
+  static constexpr int kProducerThreads = 128 * kProducerWarpgroups;
+  static constexpr int kConsumerRegs = (kRegPool - kProducerThreads * kProducerRegs) / (128 * kConsumerWarpgroups) / 8 * 8;
+  static_assert(kConsumerRegs <= 256 &&
+                    kProducerThreads * kProducerRegs + 128 * kConsumerWarpgroups * kConsumerRegs <= kRegPool,
                 "setmaxnreg within the CTA's registers");
   // Within a warpgroup, QK of tile j + 1 is issued before the softmax of tile j. Making
   // the warpgroups also take turns issuing (FA3's ping-pong, named barriers) costs 2-6%

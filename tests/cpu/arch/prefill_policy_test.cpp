@@ -12,17 +12,18 @@ namespace {
 using pagedmha::cuda::sm90::PrefillPolicy;
 
 struct Layout {
-  int warpgroups, q_slots, k_stages, v_stages, smem_bytes, producer_regs, consumer_regs;
+  int warpgroups, producers, q_slots, k_stages, v_stages, smem_bytes, producer_regs, consumer_regs;
 };
 
 template <class P>
 Layout layout_of() {
-  return {P::kConsumerWarpgroups, P::kQSlots,        P::kKStages,     P::kVStages,
-          P::kSmemBytes,          P::kProducerRegs, P::kConsumerRegs};
+  return {P::kConsumerWarpgroups, P::kProducerWarpgroups, P::kQSlots,       P::kKStages,
+          P::kVStages,            P::kSmemBytes,          P::kProducerRegs, P::kConsumerRegs};
 }
 
 void expect_layout(const Layout& got, const Layout& want, const char* what) {
   EXPECT_EQ(got.warpgroups, want.warpgroups) << what;
+  EXPECT_EQ(got.producers, want.producers) << what;
   EXPECT_EQ(got.q_slots, want.q_slots) << what;
   EXPECT_EQ(got.k_stages, want.k_stages) << what;
   EXPECT_EQ(got.v_stages, want.v_stages) << what;
@@ -35,20 +36,24 @@ void expect_layout(const Layout& got, const Layout& want, const char* what) {
 TEST(PrefillSm90Policy, LayoutsWorkedOutByHand) {
   // D = 128, 16-bit: Q 128 x 128 x 2 = 32 KB, tiles 32 KB; two Q leave 165,632 B = 5
   // tiles -> Q 2, K 2, V 3 (1024 + 64 KB + 5 x 32 KB + 256 = 230,656).
-  expect_layout(layout_of<PrefillPolicy<128, false, true>>(), {2, 2, 2, 3, 230656, 72, 216}, "D128 bf16 tma");
-  expect_layout(layout_of<PrefillPolicy<128, false, false>>(), {2, 2, 2, 3, 230656, 72, 216}, "D128 bf16 gather");
+  expect_layout(layout_of<PrefillPolicy<128, false, true>>(), {2, 1, 2, 2, 3, 230656, 72, 216}, "D128 bf16 tma");
+  expect_layout(layout_of<PrefillPolicy<128, false, false>>(), {2, 1, 2, 2, 3, 230656, 72, 216}, "D128 bf16 gather");
   // D = 128, fp8: four 16 KB staging slots; two Q leave 3 tiles (< 5) -> Q 1, 4 tiles.
-  expect_layout(layout_of<PrefillPolicy<128, true, true>>(), {2, 1, 2, 2, 230656, 72, 216}, "D128 fp8");
+  // Two producer warpgroups (512 threads): 256 x 56 + 256 x 200 = 65,536 registers.
+  expect_layout(layout_of<PrefillPolicy<128, true, true>>(), {2, 2, 1, 2, 2, 230656, 56, 200}, "D128 fp8");
+  // The fp8 gather keeps one producer warpgroup (its row addresses need 72 registers).
+  expect_layout(layout_of<PrefillPolicy<128, true, false>>(), {2, 1, 1, 2, 2, 230656, 72, 216}, "D128 fp8 gather");
   // D = 64, 16-bit, TMA: three warpgroups (192 rows), Q 24 KB, tiles 16 KB: two Q leave
   // 11 tiles -> 4 and 4 (1024 + 48 KB + 8 x 16 KB + 256 = 181,504); 32 / 160 registers.
-  expect_layout(layout_of<PrefillPolicy<64, false, true>>(), {3, 2, 4, 4, 181504, 32, 160}, "D64 bf16 tma");
-  // D = 64, fp8: two warpgroups, Q 16 KB, staging 4 x 8 KB: two Q leave 10 tiles -> 4, 4.
-  expect_layout(layout_of<PrefillPolicy<64, true, true>>(), {2, 2, 4, 4, 197888, 72, 216}, "D64 fp8");
+  expect_layout(layout_of<PrefillPolicy<64, false, true>>(), {3, 1, 2, 4, 4, 181504, 32, 160}, "D64 bf16 tma");
+  // D = 64, fp8: two consumer and two producer warpgroups, Q 16 KB, staging 4 x 8 KB: two
+  // Q leave 10 tiles -> 4, 4.
+  expect_layout(layout_of<PrefillPolicy<64, true, true>>(), {2, 2, 2, 4, 4, 197888, 56, 200}, "D64 fp8");
   // D = 256: Q 64 KB, tiles of 64 keys 32 KB; two Q leave 3 tiles -> one Q, 5 tiles: K 2,
   // V 3 (1024 + 64 KB + 5 x 32 KB + 256 = 230,656).
-  expect_layout(layout_of<PrefillPolicy<256, false, true>>(), {2, 1, 2, 3, 230656, 72, 216}, "D256 bf16");
-  // D = 256, fp8: two 16 KB staging slots: one Q leaves 4 tiles.
-  expect_layout(layout_of<PrefillPolicy<256, true, true>>(), {2, 1, 2, 2, 230656, 72, 216}, "D256 fp8");
+  expect_layout(layout_of<PrefillPolicy<256, false, true>>(), {2, 1, 1, 2, 3, 230656, 72, 216}, "D256 bf16");
+  // D = 256, fp8: two 16 KB staging slots (one producer warpgroup): one Q leaves 4 tiles.
+  expect_layout(layout_of<PrefillPolicy<256, true, true>>(), {2, 1, 1, 2, 2, 230656, 72, 216}, "D256 fp8");
 }
 
 // Every layout fits the CTA's 227 KB, and the setmaxnreg split stays within the registers
@@ -60,7 +65,12 @@ void expect_fits(const char* what) {
   EXPECT_GE(P::kKStages, 2) << what;
   EXPECT_GE(P::kVStages, P::kKStages) << what;
   const int launch_regs = P::kThreads * (65536 / P::kThreads / 8 * 8);
-  EXPECT_LE(128 * P::kProducerRegs + 128 * P::kConsumerWarpgroups * P::kConsumerRegs, launch_regs) << what;
+  EXPECT_EQ(P::kThreads, 128 * (P::kProducerWarpgroups + P::kConsumerWarpgroups)) << what;
+  EXPECT_LE(128 * P::kProducerWarpgroups * P::kProducerRegs + 128 * P::kConsumerWarpgroups * P::kConsumerRegs,
+            launch_regs)
+      << what;
+  // Each producer warpgroup its own staging slots.
+  EXPECT_EQ(P::kRawSlots % P::kProducerWarpgroups, 0) << what;
 }
 
 TEST(PrefillSm90Policy, EveryInstantiationFitsSharedMemoryAndRegisters) {
