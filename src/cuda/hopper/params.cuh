@@ -73,8 +73,16 @@ struct SmemLayout {
   __device__ uint64_t* k_empty(int s) const { return bars() + 2 * QS + SK + s; }
   __device__ uint64_t* v_full(int s) const { return bars() + 2 * QS + 2 * SK + s; }
   __device__ uint64_t* v_empty(int s) const { return bars() + 2 * QS + 2 * SK + SV + s; }
-  __device__ uint64_t* raw_full(int r) const { return bars() + 2 * QS + 2 * (SK + SV) + r; }  // fp8 staging by TMA
-  static constexpr int kNumBars = 2 * QS + 2 * (SK + SV) + Pol::kRawSlots;
+  // fp8 tiles by TMA: one barrier per staging slot, or converting in place one per K
+  // stage, then one per V stage.
+  static constexpr int kRawBars = Pol::kFp8InPlace ? SK + SV : Pol::kRawSlots;
+  __device__ uint64_t* raw_full(int r) const { return bars() + 2 * QS + 2 * (SK + SV) + r; }
+  /// Where stage s's raw fp8 tile lands when converting in place: the upper half.
+  __device__ char* k_raw(int s) const { return k(s) + Pol::kTileBytes / 2; }
+  __device__ char* v_raw(int s) const { return v(s) + Pol::kTileBytes / 2; }
+  __device__ uint64_t* k_raw_full(int s) const { return raw_full(s); }
+  __device__ uint64_t* v_raw_full(int s) const { return raw_full(SK + s); }
+  static constexpr int kNumBars = 2 * QS + 2 * (SK + SV) + kRawBars;
   static_assert(kNumBars * 8 <= Pol::kBarrierBytes, "barrier space");
 };
 

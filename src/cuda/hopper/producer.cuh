@@ -13,7 +13,9 @@
 //     or the gather) in one of the staging slots, then all 128 threads convert it exactly
 //     into the 16-bit stage, zeroing keys outside the span. Two producer warpgroups
 //     where the policy says so: one loads Q and converts the K tiles, the other the V
-//     tiles, each through its own staging slots and named barrier.
+//     tiles, each through its own staging slots and named barrier, or (policy.h
+//     kFp8InPlace) each through its ring alone, the raw tile landing in the upper half of
+//     the stage it is converted into.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -92,7 +94,14 @@ struct Producer {
         qs.advance();
       };
       const int32_t* pages = p.a.page_table + int64_t{t.b} * p.a.page_table_row_stride;
-      if constexpr (kFp8) {
+      if constexpr (Pol::kFp8InPlace) {
+        if constexpr (kRole == Role::kV) {
+          convert_in_place<true>(t, pages, n, vs);
+        } else {
+          next_q();
+          convert_in_place<false>(t, pages, n, ks);
+        }
+      } else if constexpr (kFp8) {
         if constexpr (kRole != Role::kV) next_q();
         convert_kv<kRole>(t, pages, n, ks, vs, raw);
       } else if constexpr (kTma) {
@@ -389,7 +398,8 @@ struct Producer {
     const auto elem = [&](int x) { return Producer::elem<kRole>(t, n, x); };
     const int total = kRole == Role::kAll ? 2 * n : n;
     for (int i = 0; i < R && i < total; ++i) {
-      issue_raw(t, elem(i), kSlot0 + (raw.slot + i) % R, raw_page(t, pages, elem(i)));
+      const int slot = kSlot0 + (raw.slot + i) % R;
+      issue_raw(t, elem(i), sm.raw(slot), sm.raw_full(slot), raw_page(t, pages, elem(i)));
       if (!kTma) cp_async_commit();
     }
     for (int x = 0; x < total; ++x) {
@@ -413,7 +423,7 @@ struct Producer {
       arrive(e.is_v ? sm.v_full(slot) : sm.k_full(slot));
       named_sync(kBar, 128);  // the staging slot may be refilled
       if (x + R < total) {
-        issue_raw(t, elem(x + R), kSlot0 + raw.slot, ahead);
+        issue_raw(t, elem(x + R), sm.raw(kSlot0 + raw.slot), sm.raw_full(kSlot0 + raw.slot), ahead);
         if (!kTma) cp_async_commit();
       }
       raw.advance();
@@ -422,6 +432,35 @@ struct Producer {
       } else {
         ks.advance();
       }
+    }
+  }
+
+  /// Converting in place (policy.h kFp8InPlace; two producer warpgroups, D = 128): the
+  /// item's K (kIsV false) or V tiles, last key tile first, through this warpgroup's ring
+  /// `st` alone. Each raw tile lands in the upper half of its stage once the consumers
+  /// have released it, up to S - 1 tiles ahead of the conversion (S the ring's depth: the
+  /// stage being converted holds the rest); the full barrier then counts the conversion.
+  template <bool kIsV, class Pipe>
+  __device__ void convert_in_place(const QueryTile& t, const int32_t* pages, int n, Pipe& st) {
+    constexpr int kAhead = (kIsV ? Pol::kVStages : Pol::kKStages) - 1;
+    const auto elem = [&](int x) { return Elem{t.keys.end - 1 - x, kIsV}; };
+    Pipe ld = st;  // the next stage to load into
+    const auto load = [&](int x, int page) {
+      wait(kIsV ? sm.v_empty(ld.slot) : sm.k_empty(ld.slot), ld.phase ^ 1);
+      issue_raw(t, elem(x), kIsV ? sm.v_raw(ld.slot) : sm.k_raw(ld.slot),
+                kIsV ? sm.v_raw_full(ld.slot) : sm.k_raw_full(ld.slot), page);
+      ld.advance();
+    };
+    for (int i = 0; i < kAhead && i < n; ++i) load(i, raw_page(t, pages, elem(i)));
+    for (int x = 0; x < n; ++x) {
+      const int ahead = x + kAhead < n ? raw_page(t, pages, elem(x + kAhead)) : 0;  // used after this conversion
+      wait(kIsV ? sm.v_raw_full(st.slot) : sm.k_raw_full(st.slot), st.phase);
+      char* const stage = kIsV ? sm.v(st.slot) : sm.k(st.slot);
+      convert_tile(smem_addr(stage + Pol::kTileBytes / 2), smem_addr(stage), span(t, elem(x).tile));
+      fence_async_smem();
+      arrive(kIsV ? sm.v_full(st.slot) : sm.k_full(st.slot));
+      st.advance();
+      if (x + kAhead < n) load(x + kAhead, ahead);
     }
   }
 
@@ -460,6 +499,12 @@ struct Producer {
       uint4 in[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) in[u] = lds128(src0 + (g + u) * kRowStep * D);
+      if constexpr (Pol::kFp8InPlace) {
+        // In place, raw row r is the second panel's row r: the 8 lanes reading it (one
+        // warp, one load) are done before any of them writes it.
+        static_assert(D == 128, "raw rows are panel rows at D = 128 only");
+        __syncwarp();
+      }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int pos = sp.key0 + r0 + (g + u) * kRowStep;
@@ -483,25 +528,25 @@ struct Producer {
     }
   }
 
-  /// Element e's raw e4m3 tile (dense rows of D bytes) into staging slot `slot` with the
-  /// thread's page id from raw_page: TMA boxes of R rows, unit my_unit() per thread (each
-  /// warp's bytes and lane 0's arrival counted on raw_full[slot]), or the gather.
-  __device__ void issue_raw(const QueryTile& t, const Elem& e, int slot, int page) const {
+  /// Element e's raw e4m3 tile (dense rows of D bytes) to `dst` (a staging slot, or the
+  /// upper half of a stage) with the thread's page id from raw_page: TMA boxes of R rows,
+  /// unit my_unit() per thread (each warp's bytes and lane 0's arrival counted on
+  /// `full`), or the gather (cp.async groups; `full` unused).
+  __device__ void issue_raw(const QueryTile& t, const Elem& e, char* dst, uint64_t* full, int page) const {
     const Span sp = span(t, e.tile);
     if constexpr (!kTma) {
-      gather<D / 16, 1>(t, e.tile, page, e.is_v, sm.raw(slot));
+      gather<D / 16, 1>(t, e.tile, page, e.is_v, dst);
       return;
     }
     const PageGeometry& g = p.geo;
     const int lane = tid & 31;
     const int u = g.box(sp.a) + my_unit();
     const bool mine = u <= g.box(sp.e - 1);
-    uint64_t* full = sm.raw_full(slot);
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? static_cast<uint32_t>(g.box_rows * D) : 0u);
     if (lane == 0 && bytes > 0) expect_tx(full, bytes);
     __syncwarp();
     if (mine) {
-      tma_load_4d(e.is_v ? &p.tm_v : &p.tm_k, full, sm.raw(slot) + (g.box_key(u) - sp.key0) * D, 0, t.kv_head,
+      tma_load_4d(e.is_v ? &p.tm_v : &p.tm_k, full, dst + (g.box_key(u) - sp.key0) * D, 0, t.kv_head,
                   g.row(g.box_key(u)), page, kEvictLast);
     }
     __syncwarp();

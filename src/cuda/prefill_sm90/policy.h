@@ -23,7 +23,8 @@
 // PAGEDMHA_SM90_PRODUCER_REGS=r the producer's registers with two consumer warpgroups and
 // 16-bit TMA loads (the consumers get the rest, at most 240), PAGEDMHA_SM90_FP8_PRODUCERS=1
 // one producer warpgroup converting both K and V of an fp8 cache (default 2) and
-// PAGEDMHA_SM90_FP8_PRODUCER_REGS=r their registers with two.
+// PAGEDMHA_SM90_FP8_PRODUCER_REGS=r their registers with two, PAGEDMHA_SM90_FP8_IN_PLACE=0
+// the staging slots instead of converting in place (D = 128, two producer warpgroups).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -65,6 +66,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_FP8_PRODUCER_REGS
 #define PAGEDMHA_SM90_FP8_PRODUCER_REGS 56
+#endif
+#ifndef PAGEDMHA_SM90_FP8_IN_PLACE
+#define PAGEDMHA_SM90_FP8_IN_PLACE 1
 #endif
 #ifndef PAGEDMHA_SM90_Q_SLOTS
 #define PAGEDMHA_SM90_Q_SLOTS 0
@@ -114,11 +118,18 @@ struct PrefillPolicy {
   // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128; 64 at
   // D = 256, whose O accumulator alone is 128 registers per thread.
   static constexpr int kBlockN = D == 256 ? 64 : (Fp8Kv ? PAGEDMHA_SM90_FP8_BLOCK_N : 128);
+  // fp8 caches at D = 128 with two producer warpgroups: the raw tile (BN x 128 bytes)
+  // lands by TMA in the upper half of its own 16-bit stage, where raw row r is exactly
+  // the bytes of the stage's second panel's row r, and is converted in place (each warp
+  // reads a row's 128 bytes before it writes them). The 64 KB of staging slots go to the
+  // rings: a second query-tile buffer and a third V stage, the bf16 kernel's layout.
+  // Elsewhere the staging slots below.
+  static constexpr bool kFp8InPlace = Fp8Kv && kProducerWarpgroups == 2 && D == 128 && PAGEDMHA_SM90_FP8_IN_PLACE != 0;
   // fp8 caches land raw (BN x D bytes) in staging slots the producer warpgroup(s) convert
   // from into the 16-bit stages: 4 (3 tiles in flight while one converts: a tile's load
   // latency is ~3 conversions; two each with two producer warpgroups) where shared memory
-  // allows, 2 at D = 256 (one each).
-  static constexpr int kRawSlots = Fp8Kv ? (D == 256 ? 2 : PAGEDMHA_SM90_FP8_RAW_SLOTS) : 0;
+  // allows, 2 at D = 256 (one each); none when converting in place.
+  static constexpr int kRawSlots = !Fp8Kv || kFp8InPlace ? 0 : (D == 256 ? 2 : PAGEDMHA_SM90_FP8_RAW_SLOTS);
   // 16-byte raw chunks each producer thread loads before converting them (loads in flight
   // per thread): 4 (+2% over 2 at llama3-8b 1 x 16k, H200 run 13), 2 at D = 256, where 4
   // spills in the producer's 72 registers.

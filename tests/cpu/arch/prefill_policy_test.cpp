@@ -38,16 +38,20 @@ TEST(PrefillSm90Policy, LayoutsWorkedOutByHand) {
   // tiles -> Q 2, K 2, V 3 (1024 + 64 KB + 5 x 32 KB + 256 = 230,656).
   expect_layout(layout_of<PrefillPolicy<128, false, true>>(), {2, 1, 2, 2, 3, 230656, 72, 216}, "D128 bf16 tma");
   expect_layout(layout_of<PrefillPolicy<128, false, false>>(), {2, 1, 2, 2, 3, 230656, 72, 216}, "D128 bf16 gather");
-  // D = 128, fp8: four 16 KB staging slots; two Q leave 3 tiles (< 5) -> Q 1, 4 tiles.
-  // Two producer warpgroups (512 threads): 256 x 56 + 256 x 200 = 65,536 registers.
-  expect_layout(layout_of<PrefillPolicy<128, true, true>>(), {2, 2, 1, 2, 2, 230656, 56, 200}, "D128 fp8");
-  // The fp8 gather keeps one producer warpgroup (its row addresses need 72 registers).
+  // D = 128, fp8 by TMA: two producer warpgroups converting in place (no staging slots),
+  // so the bf16 layout: Q 2, K 2, V 3. 512 threads: 256 x 56 + 256 x 200 = 65,536
+  // registers.
+  expect_layout(layout_of<PrefillPolicy<128, true, true>>(), {2, 2, 2, 2, 3, 230656, 56, 200}, "D128 fp8");
+  EXPECT_TRUE((PrefillPolicy<128, true, true>::kFp8InPlace));
+  EXPECT_EQ((PrefillPolicy<128, true, true>::kRawSlots), 0);
+  // The fp8 gather keeps one producer warpgroup (its row addresses need 72 registers) and
+  // four 16 KB staging slots: two Q leave 3 tiles (< 5) -> Q 1, 4 tiles.
   expect_layout(layout_of<PrefillPolicy<128, true, false>>(), {2, 1, 1, 2, 2, 230656, 72, 216}, "D128 fp8 gather");
   // D = 64, 16-bit, TMA: three warpgroups (192 rows), Q 24 KB, tiles 16 KB: two Q leave
   // 11 tiles -> 4 and 4 (1024 + 48 KB + 8 x 16 KB + 256 = 181,504); 32 / 160 registers.
   expect_layout(layout_of<PrefillPolicy<64, false, true>>(), {3, 1, 2, 4, 4, 181504, 32, 160}, "D64 bf16 tma");
-  // D = 64, fp8: two consumer and two producer warpgroups, Q 16 KB, staging 4 x 8 KB: two
-  // Q leave 10 tiles -> 4, 4.
+  // D = 64, fp8: two consumer and two producer warpgroups, Q 16 KB, staging 4 x 8 KB (a
+  // raw row is half a panel row: no conversion in place): two Q leave 10 tiles -> 4, 4.
   expect_layout(layout_of<PrefillPolicy<64, true, true>>(), {2, 2, 2, 4, 4, 197888, 56, 200}, "D64 fp8");
   // D = 256: Q 64 KB, tiles of 64 keys 32 KB; two Q leave 3 tiles -> one Q, 5 tiles: K 2,
   // V 3 (1024 + 64 KB + 5 x 32 KB + 256 = 230,656).
@@ -69,8 +73,16 @@ void expect_fits(const char* what) {
   EXPECT_LE(128 * P::kProducerWarpgroups * P::kProducerRegs + 128 * P::kConsumerWarpgroups * P::kConsumerRegs,
             launch_regs)
       << what;
-  // Each producer warpgroup its own staging slots.
+  // Each producer warpgroup its own staging slots; none when converting in place, and
+  // only at D = 128 (a raw row is then exactly a panel row of the stage).
   EXPECT_EQ(P::kRawSlots % P::kProducerWarpgroups, 0) << what;
+  if (P::kFp8InPlace) {
+    EXPECT_EQ(P::kRawSlots, 0) << what;
+    EXPECT_EQ(P::kHeadDim, 128) << what;
+    EXPECT_EQ(P::kRawBytes * 2, P::kTileBytes) << what;
+  } else if (P::kFp8Kv) {
+    EXPECT_GT(P::kRawSlots, 0) << what;
+  }
 }
 
 TEST(PrefillSm90Policy, EveryInstantiationFitsSharedMemoryAndRegisters) {
