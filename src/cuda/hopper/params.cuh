@@ -30,6 +30,7 @@ struct Sm90Params {
   PageGeometry geo;  // K / V pages and TMA boxes
   int cluster;       // CTAs per cluster (1, or 2 sharing each K / V tile by TMA multicast)
   bool tma_q, tma_kv;  // Q / 16-bit K and V by TMA (else the cp.async gather)
+  bool q_convert;      // Q by TMA in its dtype, converted in place into the GEMMs' (fp8 KV, bf16 Q)
   bool tma_raw;        // fp8 K and V by TMA into the staging slots (else the gather)
 };
 
@@ -82,7 +83,10 @@ struct SmemLayout {
   __device__ char* v_raw(int s) const { return v(s) + Pol::kTileBytes / 2; }
   __device__ uint64_t* k_raw_full(int s) const { return raw_full(s); }
   __device__ uint64_t* v_raw_full(int s) const { return raw_full(SK + s); }
-  static constexpr int kNumBars = 2 * QS + 2 * (SK + SV) + kRawBars;
+  /// Converting Q (Sm90Params::q_convert): its TMA bytes land on q_land, the
+  /// conversion arrives on q_full.
+  __device__ uint64_t* q_land(int s) const { return raw_full(kRawBars + s); }
+  static constexpr int kNumBars = 2 * QS + 2 * (SK + SV) + kRawBars + QS;
   static_assert(kNumBars * 8 <= Pol::kBarrierBytes, "barrier space");
 };
 

@@ -94,16 +94,23 @@ struct Producer {
         qs.advance();
       };
       const int32_t* pages = p.a.page_table + int64_t{t.b} * p.a.page_table_row_stride;
-      if constexpr (Pol::kFp8InPlace) {
-        if constexpr (kRole == Role::kV) {
-          convert_in_place<true>(t, pages, n, vs);
-        } else {
-          next_q();
-          convert_in_place<false>(t, pages, n, ks);
-        }
-      } else if constexpr (kFp8) {
+      if constexpr (kFp8) {
+        // A query to convert (q_convert) is finished once the item's first K / V loads
+        // are out, so that its TMA latency overlaps theirs.
+        PipeState<Pol::kQSlots> q = qs;
         if constexpr (kRole != Role::kV) next_q();
-        convert_kv<kRole>(t, pages, n, ks, vs, raw);
+        const auto q_ready = [&] {
+          if (kRole != Role::kV && p.tma_q && p.q_convert) finish_q(q.slot, q.phase);
+        };
+        if constexpr (Pol::kFp8InPlace) {
+          if constexpr (kRole == Role::kV) {
+            convert_in_place<true>(t, pages, n, vs, q_ready);
+          } else {
+            convert_in_place<false>(t, pages, n, ks, q_ready);
+          }
+        } else {
+          convert_kv<kRole>(t, pages, n, ks, vs, raw, q_ready);
+        }
       } else if constexpr (kTma) {
         stream_kv(
             t, n, ks, vs, next_q, [&](int tile) { return lane_page(t, pages, tile); },
@@ -136,13 +143,15 @@ struct Producer {
     char* const q_smem = sm.q(slot);
     uint64_t* const full = sm.q_full(slot);
     if (p.tma_q) {
+      // Converting: the bytes land on q_land, finish_q arrives on full.
+      uint64_t* const land = p.q_convert ? sm.q_land(slot) : full;
       if (tid == 0) {
-        expect_tx(full, static_cast<uint32_t>(rows * 128 * kPanels));
+        expect_tx(land, static_cast<uint32_t>(rows * 128 * kPanels));
 #pragma unroll
         for (int c = 0; c < kPanels; ++c) {
-          tma_load_3d(&p.tm_q, full, q_smem + c * BM * 128, c * 64, t.head0, t.q_row0, kEvictFirst);
+          tma_load_3d(&p.tm_q, land, q_smem + c * BM * 128, c * 64, t.head0, t.q_row0, kEvictFirst);
         }
-        arrive(full);
+        arrive(land);
       }
       return;
     }
@@ -206,6 +215,29 @@ struct Producer {
       }
       fence_async_smem();
       arrive(full);
+    }
+  }
+
+  /// A bf16 query tile loaded by TMA into slot `slot` (q_convert) into fp16 in place,
+  /// each 16-byte chunk onto itself (saturating past fp16's range: docs/semantics.md),
+  /// two chunks in flight per thread. Rows past the tile's tokens hold other rows of q
+  /// or TMA's zeros: finite, and never written out.
+  __device__ void finish_q(int slot, uint32_t phase) const {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value && std::is_same<M, __half>::value) {
+      wait(sm.q_land(slot), phase);
+      const uint32_t q_smem = smem_addr(sm.q(slot));
+      constexpr int kPerThread = BM * kChunks / 128, kGroup = 2;
+      static_assert(BM * kChunks % 128 == 0 && kPerThread % kGroup == 0, "whole groups");
+#pragma unroll 1
+      for (int g = 0; g < kPerThread; g += kGroup) {
+        uint4 v[kGroup];
+#pragma unroll
+        for (int u = 0; u < kGroup; ++u) v[u] = lds128(q_smem + (tid + (g + u) * 128) * 16);
+#pragma unroll
+        for (int u = 0; u < kGroup; ++u) sts128(q_smem + (tid + (g + u) * 128) * 16, bf16x8_to_half_sat(v[u]));
+      }
+      fence_async_smem();
+      arrive(sm.q_full(slot));
     }
   }
 
@@ -388,9 +420,10 @@ struct Producer {
 
   /// The item's K / V tiles through the warpgroup's kRawPerRole staging slots: elements
   /// x + 1 .. x + kRawPerRole - 1 are in flight while element x converts into its stage.
-  template <Role kRole>
+  /// `after_first_loads` runs once the first loads are out (finishing the item's Q).
+  template <Role kRole, class AfterFirstLoads>
   __device__ void convert_kv(const QueryTile& t, const int32_t* pages, int n, KPipe& ks, VPipe& vs,
-                             PipeState<kRawPerRole>& raw) {
+                             PipeState<kRawPerRole>& raw, AfterFirstLoads after_first_loads) {
     constexpr int R = kRawPerRole;
     // This warpgroup's staging slots and named barrier.
     constexpr int kSlot0 = kRole == Role::kV ? kRawPerRole : 0;
@@ -402,6 +435,7 @@ struct Producer {
       issue_raw(t, elem(i), sm.raw(slot), sm.raw_full(slot), raw_page(t, pages, elem(i)));
       if (!kTma) cp_async_commit();
     }
+    after_first_loads();
     for (int x = 0; x < total; ++x) {
       const int ahead = x + R < total ? raw_page(t, pages, elem(x + R)) : 0;  // used after this conversion
       if constexpr (kTma) {
@@ -440,8 +474,10 @@ struct Producer {
   /// `st` alone. Each raw tile lands in the upper half of its stage once the consumers
   /// have released it, up to S - 1 tiles ahead of the conversion (S the ring's depth: the
   /// stage being converted holds the rest); the full barrier then counts the conversion.
-  template <bool kIsV, class Pipe>
-  __device__ void convert_in_place(const QueryTile& t, const int32_t* pages, int n, Pipe& st) {
+  /// `after_first_loads` runs once the first loads are out (finishing the item's Q).
+  template <bool kIsV, class Pipe, class AfterFirstLoads>
+  __device__ void convert_in_place(const QueryTile& t, const int32_t* pages, int n, Pipe& st,
+                                   AfterFirstLoads after_first_loads) {
     constexpr int kAhead = (kIsV ? Pol::kVStages : Pol::kKStages) - 1;
     const auto elem = [&](int x) { return Elem{t.keys.end - 1 - x, kIsV}; };
     Pipe ld = st;  // the next stage to load into
@@ -452,6 +488,7 @@ struct Producer {
       ld.advance();
     };
     for (int i = 0; i < kAhead && i < n; ++i) load(i, raw_page(t, pages, elem(i)));
+    after_first_loads();
     for (int x = 0; x < n; ++x) {
       const int ahead = x + kAhead < n ? raw_page(t, pages, elem(x + kAhead)) : 0;  // used after this conversion
       wait(kIsV ? sm.v_raw_full(st.slot) : sm.k_raw_full(st.slot), st.phase);

@@ -29,7 +29,8 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
     // Every consumer warp of every CTA the stages are multicast to.
     const uint32_t releases = Pol::kConsumerWarps * p.cluster;
     for (int s = 0; s < Pol::kQSlots; ++s) {
-      Barrier::init(sm.q_full(s), p.tma_q ? 1 : 128);
+      Barrier::init(sm.q_full(s), p.tma_q && !p.q_convert ? 1 : 128);
+      Barrier::init(sm.q_land(s), 1);
       Barrier::init(sm.q_empty(s), Pol::kConsumerWarps);
     }
     constexpr int kRingMax = Pol::kKStages > Pol::kVStages ? Pol::kKStages : Pol::kVStages;

@@ -55,10 +55,11 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   plan_kernel<kPlanThreads, kPlanBuckets><<<1, kPlanThreads, 0, stream>>>(p.space, ws);
   PAGEDMHA_CUDA_CHECK_LAUNCH();
 
-  // Q: [rows][Hq][D], boxes of [tokens][pack][64].
-  // A query converted into the GEMMs' type (policy.h kMmaF16) is loaded by the producer.
-  p.tma_q = std::is_same<MmaType<Pol, T>, T>::value &&
-            q_tma_ok(a.q_fp8, a.q_row_stride * 2, a.q_head_stride * 2, prob.num_rows);
+  // Q: [rows][Hq][D], boxes of [tokens][pack][64]. A 16-bit query of another type than
+  // the GEMMs' (policy.h kMmaF16: bf16 with fp8 KV) lands the same way and the producer
+  // converts it in shared memory.
+  p.tma_q = q_tma_ok(a.q_fp8, a.q_row_stride * 2, a.q_head_stride * 2, prob.num_rows);
+  p.q_convert = !std::is_same<MmaType<Pol, T>, T>::value;
   if (p.tma_q) {
     const uint64_t dims[3] = {uint64_t(D), uint64_t(a.num_q_heads), uint64_t(prob.num_rows)};
     const uint64_t strides[2] = {uint64_t(a.q_head_stride) * 2, uint64_t(a.q_row_stride) * 2};
