@@ -24,7 +24,9 @@
 // 16-bit TMA loads (the consumers get the rest, at most 240), PAGEDMHA_SM90_FP8_PRODUCERS=1
 // one producer warpgroup converting both K and V of an fp8 cache (default 2) and
 // PAGEDMHA_SM90_FP8_PRODUCER_REGS=r their registers with two, PAGEDMHA_SM90_FP8_IN_PLACE=0
-// the staging slots instead of converting in place (D = 128, two producer warpgroups).
+// the staging slots instead of converting in place (D = 128, two producer warpgroups),
+// PAGEDMHA_SM90_FP8_CVT_WORDS=w the 32-bit words (of four per 16 e4m3 values) the fp16
+// conversion takes through the cvt instruction, the rest through integer ops.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -70,6 +72,9 @@
 #ifndef PAGEDMHA_SM90_FP8_IN_PLACE
 #define PAGEDMHA_SM90_FP8_IN_PLACE 1
 #endif
+#ifndef PAGEDMHA_SM90_FP8_CVT_WORDS
+#define PAGEDMHA_SM90_FP8_CVT_WORDS 4
+#endif
 #ifndef PAGEDMHA_SM90_Q_SLOTS
 #define PAGEDMHA_SM90_Q_SLOTS 0
 #endif
@@ -96,6 +101,11 @@ struct PrefillPolicy {
   // saturating beyond 65504: docs/semantics.md).
   static constexpr bool kMmaF16 = Fp8Kv && PAGEDMHA_SM90_FP8_MMA_F16 != 0;
   static constexpr bool kKvTma = KvTma;
+  // fp8 -> fp16 conversion: of each 16 values' four 32-bit words, how many go through
+  // the cvt (one instruction per pair, at a quarter of the integer rate on sm_90) and how
+  // many through integer ops and an fp16 multiply (four instructions per pair at full
+  // rate): convert.cuh fp8x16_cache_to_half_split.
+  static constexpr int kFp8CvtWords = PAGEDMHA_SM90_FP8_CVT_WORDS;
   // Consumer warpgroups of 64 query rows each (wgmma's M): two (128 rows), three at
   // D = 64 (192 rows, FA3's shape there): a D = 64 tile's GEMMs take about as long as its
   // 128 x 128 exponentials on the MUFU unit, so a third warpgroup's softmax fills the
