@@ -120,53 +120,6 @@ __device__ __forceinline__ void fp8x16_cache_to(const uint4& in, uint4 (&out)[2]
   out[1] = make_uint4(r[4], r[5], r[6], r[7]);
 }
 
-/// Four e4m3 bytes (byte 0 first) -> two packed fp16 pairs without the cvt: on sm_90 the
-/// conversion instructions issue at a quarter of the integer / fp16 rate, and a kernel
-/// converting its whole K / V stream waits for them. seeeemmm -> fp16 s0eeeemmm0000000 is
-/// the value times 2^-8 (subnormals too), then one fp16x2 multiply by 2^8 (exact): a byte
-/// permute, a shift and a three-input logic op per pair, plus the multiply. As in the bf16
-/// path, the NaN code 0x7f reads as 480 (saturating quantisation never writes it).
-/// kScaled = false leaves the values times 2^-8 (exact) for a caller that folds 2^8 into
-/// its scales.
-template <bool kScaled = true>
-__device__ __forceinline__ void fp8x4_to_half_alu(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  const uint32_t x0 = __byte_perm(w, 0u, 0x1404u);  // (0, b0, 0, b1): each half b << 8
-  const uint32_t x1 = __byte_perm(w, 0u, 0x3424u);  // (0, b2, 0, b3)
-  const uint32_t y0 = (x0 & 0x80008000u) | ((x0 >> 1) & 0x3f803f80u);
-  const uint32_t y1 = (x1 & 0x80008000u) | ((x1 >> 1) & 0x3f803f80u);
-  if (!kScaled) {
-    lo = y0;
-    hi = y1;
-    return;
-  }
-  const uint32_t k = 0x5c005c00u;  // fp16 (256, 256)
-  const __half2 r0 = __hmul2(*reinterpret_cast<const __half2*>(&y0), *reinterpret_cast<const __half2*>(&k));
-  const __half2 r1 = __hmul2(*reinterpret_cast<const __half2*>(&y1), *reinterpret_cast<const __half2*>(&k));
-  lo = *reinterpret_cast<const uint32_t*>(&r0);
-  hi = *reinterpret_cast<const uint32_t*>(&r1);
-}
-
-/// 16 e4m3 cache values -> 16 fp16 values in order: the first kCvtWords of the four
-/// 32-bit words through the cvt (fp8x4_to), the rest through fp8x4_to_half_alu, so that
-/// a converting kernel can spread the work over both pipes. kCvtWords = 0 and kScaled =
-/// false: every value times 2^-8 (three integer instructions per pair).
-template <int kCvtWords, bool kScaled = true>
-__device__ __forceinline__ void fp8x16_cache_to_half_split(const uint4& in, uint4 (&out)[2]) {
-  static_assert(kScaled || kCvtWords == 0, "one scale for all values");
-  const uint32_t w[4] = {in.x, in.y, in.z, in.w};
-  uint32_t r[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if (i < kCvtWords) {
-      fp8x4_to<__half>(w[i], r[2 * i], r[2 * i + 1]);
-    } else {
-      fp8x4_to_half_alu<kScaled>(w[i], r[2 * i], r[2 * i + 1]);
-    }
-  }
-  out[0] = make_uint4(r[0], r[1], r[2], r[3]);
-  out[1] = make_uint4(r[4], r[5], r[6], r[7]);
-}
-
 /// Four e4m3 bytes (a0, b0, a1, b1) as an ldmatrix.trans of fp8 data delivers them (a:
 /// one column pair's even element, b: its odd one) -> fp16 pairs even = (a0, a1),
 /// odd = (b0, b1). Exact.

@@ -547,11 +547,7 @@ struct Producer {
         const int pos = sp.key0 + r0 + (g + u) * kRowStep;
         if (kEdge && !(pos >= sp.a && pos < sp.e)) in[u] = make_uint4(0, 0, 0, 0);  // e4m3 0 is +0
         uint4 out[2];
-        if constexpr (std::is_same<M, __half>::value) {
-          fp8x16_cache_to_half_split<Pol::kFp8CvtWords, !Pol::kFp8Fold>(in[u], out);
-        } else {
-          fp8x16_cache_to<M>(in[u], out);
-        }
+        fp8x16_cache_to<M>(in[u], out);
         sts128(dst0 + (g + u) * kRowStep * 128, out[0]);
         sts128(dst1 + (g + u) * kRowStep * 128, out[1]);
       }

@@ -33,11 +33,6 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   constexpr int D = Pol::kHeadDim;
   constexpr bool kFp8 = Pol::kFp8Kv;
   constexpr bool tma = Pol::kKvTma;
-  if constexpr (Pol::kFp8Fold) {  // K and V arrive times 2^-8 (policy.h)
-    p.a.logit_scale_log2 *= 256.0f;
-    p.a.cap_inner *= 256.0f;
-    p.a.bmm2_scale *= 256.0f;
-  }
   p.tma_kv = tma && !kFp8;
   p.tma_raw = tma && kFp8;
   p.cluster = cluster_size(a.group, p.tma_kv);

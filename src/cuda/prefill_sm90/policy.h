@@ -24,10 +24,7 @@
 // 16-bit TMA loads (the consumers get the rest, at most 240), PAGEDMHA_SM90_FP8_PRODUCERS=1
 // one producer warpgroup converting both K and V of an fp8 cache (default 2) and
 // PAGEDMHA_SM90_FP8_PRODUCER_REGS=r their registers with two, PAGEDMHA_SM90_FP8_IN_PLACE=0
-// the staging slots instead of converting in place (D = 128, two producer warpgroups),
-// PAGEDMHA_SM90_FP8_CVT_WORDS=w the 32-bit words (of four per 16 e4m3 values) the fp16
-// conversion takes through the cvt instruction, the rest through integer ops, and with
-// 0 PAGEDMHA_SM90_FP8_FOLD=1 leaves K and V times 2^-8 with 2^8 folded into the scales.
+// the staging slots instead of converting in place (D = 128, two producer warpgroups).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -73,12 +70,6 @@
 #ifndef PAGEDMHA_SM90_FP8_IN_PLACE
 #define PAGEDMHA_SM90_FP8_IN_PLACE 1
 #endif
-#ifndef PAGEDMHA_SM90_FP8_CVT_WORDS
-#define PAGEDMHA_SM90_FP8_CVT_WORDS 4
-#endif
-#ifndef PAGEDMHA_SM90_FP8_FOLD
-#define PAGEDMHA_SM90_FP8_FOLD 0
-#endif
 #ifndef PAGEDMHA_SM90_Q_SLOTS
 #define PAGEDMHA_SM90_Q_SLOTS 0
 #endif
@@ -105,15 +96,6 @@ struct PrefillPolicy {
   // saturating beyond 65504: docs/semantics.md).
   static constexpr bool kMmaF16 = Fp8Kv && PAGEDMHA_SM90_FP8_MMA_F16 != 0;
   static constexpr bool kKvTma = KvTma;
-  // fp8 -> fp16 conversion: of each 16 values' four 32-bit words, how many go through
-  // the cvt (one instruction per pair, at a quarter of the integer rate on sm_90) and how
-  // many through integer ops and an fp16 multiply (four instructions per pair at full
-  // rate): convert.cuh fp8x16_cache_to_half_split.
-  static constexpr int kFp8CvtWords = PAGEDMHA_SM90_FP8_CVT_WORDS;
-  // With every word through integer ops, the fp16 multiply by 2^8 can go too: K and V
-  // stay times 2^-8 (exact, e4m3's subnormals as fp16 subnormals) and the launcher
-  // multiplies the logit scale, the soft-cap's inner scale and bmm2_scale by 2^8 (exact).
-  static constexpr bool kFp8Fold = kMmaF16 && kFp8CvtWords == 0 && PAGEDMHA_SM90_FP8_FOLD != 0;
   // Consumer warpgroups of 64 query rows each (wgmma's M): two (128 rows), three at
   // D = 64 (192 rows, FA3's shape there): a D = 64 tile's GEMMs take about as long as its
   // 128 x 128 exponentials on the MUFU unit, so a third warpgroup's softmax fills the
