@@ -122,8 +122,9 @@ struct PrefillPolicy {
   // lands by TMA in the upper half of its own 16-bit stage, where raw row r is exactly
   // the bytes of the stage's second panel's row r, and is converted in place (each warp
   // reads a row's 128 bytes before it writes them). The 64 KB of staging slots go to the
-  // rings: a second query-tile buffer and a third V stage, the bf16 kernel's layout.
-  // Elsewhere the staging slots below.
+  // rings: a second query-tile buffer and a third V stage, the bf16 kernel's layout. As
+  // fast as the staging slots (H200, 2026-12-03 s9run1: docs/perf-notes/prefill-sm90-fp8.md)
+  // with one pipeline fewer per warpgroup. Elsewhere the staging slots below.
   static constexpr bool kFp8InPlace = Fp8Kv && kProducerWarpgroups == 2 && D == 128 && PAGEDMHA_SM90_FP8_IN_PLACE != 0;
   // fp8 caches land raw (BN x D bytes) in staging slots the producer warpgroup(s) convert
   // from into the 16-bit stages: 4 (3 tiles in flight while one converts: a tile's load
