@@ -24,7 +24,10 @@
 // 16-bit TMA loads (the consumers get the rest, at most 240), PAGEDMHA_SM90_FP8_PRODUCERS=1
 // one producer warpgroup converting both K and V of an fp8 cache (default 2) and
 // PAGEDMHA_SM90_FP8_PRODUCER_REGS=r their registers with two, PAGEDMHA_SM90_FP8_IN_PLACE=0
-// the staging slots instead of converting in place (D = 128, two producer warpgroups).
+// the staging slots instead of converting in place (D = 128, two producer warpgroups),
+// PAGEDMHA_SM90_FP8_DIAG=1 leaves the fp8 conversion out (a stage counts as full once its
+// raw tile has landed) and =2 its stores (loads and conversions remain): diagnostics of
+// what the conversion costs the consumers, wrong results.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -69,6 +72,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_FP8_IN_PLACE
 #define PAGEDMHA_SM90_FP8_IN_PLACE 1
+#endif
+#ifndef PAGEDMHA_SM90_FP8_DIAG
+#define PAGEDMHA_SM90_FP8_DIAG 0
 #endif
 #ifndef PAGEDMHA_SM90_Q_SLOTS
 #define PAGEDMHA_SM90_Q_SLOTS 0
