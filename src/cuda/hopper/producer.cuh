@@ -220,8 +220,10 @@ struct Producer {
 
   /// A bf16 query tile loaded by TMA into slot `slot` (q_convert) into fp16 in place,
   /// each 16-byte chunk onto itself (saturating past fp16's range: docs/semantics.md),
-  /// two chunks in flight per thread. Rows past the tile's tokens hold other rows of q
-  /// or TMA's zeros: finite, and never written out.
+  /// two chunks in flight per thread. Rows past the tile's tokens (other rows of q, TMA's
+  /// zeros, or what the slot held when pack does not divide BM) are never written out,
+  /// and each output row reads only its own query row.
+  /// Only bf16 -> fp16 converts (launch.cuh asserts q_convert means that pair).
   __device__ void finish_q(int slot, uint32_t phase) const {
     if constexpr (std::is_same<T, __nv_bfloat16>::value && std::is_same<M, __half>::value) {
       wait(sm.q_land(slot), phase);

@@ -60,6 +60,9 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   // converts it in shared memory.
   p.tma_q = q_tma_ok(a.q_fp8, a.q_row_stride * 2, a.q_head_stride * 2, prob.num_rows);
   p.q_convert = !std::is_same<MmaType<Pol, T>, T>::value;
+  static_assert(std::is_same<MmaType<Pol, T>, T>::value ||
+                    (std::is_same<T, __nv_bfloat16>::value && std::is_same<MmaType<Pol, T>, __half>::value),
+                "Producer::finish_q converts bf16 into fp16 only");
   if (p.tma_q) {
     const uint64_t dims[3] = {uint64_t(D), uint64_t(a.num_q_heads), uint64_t(prob.num_rows)};
     const uint64_t strides[2] = {uint64_t(a.q_head_stride) * 2, uint64_t(a.q_row_stride) * 2};
