@@ -104,9 +104,9 @@ struct Producer {
         };
         if constexpr (Pol::kFp8InPlace) {
           if constexpr (kRole == Role::kV) {
-            convert_in_place<true>(t, pages, n, vs, q_ready, Pol::kFp8Cluster ? walk.rank : 0);
+            convert_in_place<true>(t, pages, n, vs, q_ready);
           } else {
-            convert_in_place<false>(t, pages, n, ks, q_ready, Pol::kFp8Cluster ? walk.rank : 0);
+            convert_in_place<false>(t, pages, n, ks, q_ready);
           }
         } else {
           convert_kv<kRole>(t, pages, n, ks, vs, raw, q_ready);
@@ -479,14 +479,14 @@ struct Producer {
   /// `after_first_loads` runs once the first loads are out (finishing the item's Q).
   template <bool kIsV, class Pipe, class AfterFirstLoads>
   __device__ void convert_in_place(const QueryTile& t, const int32_t* pages, int n, Pipe& st,
-                                   AfterFirstLoads after_first_loads, int rank) {
+                                   AfterFirstLoads after_first_loads) {
     constexpr int kAhead = (kIsV ? Pol::kVStages : Pol::kKStages) - 1;
     const auto elem = [&](int x) { return Elem{t.keys.end - 1 - x, kIsV}; };
     Pipe ld = st;  // the next stage to load into
     const auto load = [&](int x, int page) {
       wait(kIsV ? sm.v_empty(ld.slot) : sm.k_empty(ld.slot), ld.phase ^ 1);
       issue_raw(t, elem(x), kIsV ? sm.v_raw(ld.slot) : sm.k_raw(ld.slot),
-                kIsV ? sm.v_raw_full(ld.slot) : sm.k_raw_full(ld.slot), page, rank);
+                kIsV ? sm.v_raw_full(ld.slot) : sm.k_raw_full(ld.slot), page);
       ld.advance();
     };
     for (int i = 0; i < kAhead && i < n; ++i) load(i, raw_page(t, pages, elem(i)));
@@ -578,11 +578,8 @@ struct Producer {
   /// Element e's raw e4m3 tile (dense rows of D bytes) to `dst` (a staging slot, or the
   /// upper half of a stage) with the thread's page id from raw_page: TMA boxes of R rows,
   /// unit my_unit() per thread (each warp's bytes and lane 0's arrival counted on
-  /// `full`), or the gather (cp.async groups; `full` unused). In a cluster of two
-  /// (policy.h kFp8Cluster, in place only) the units alternate between the CTAs (`rank`)
-  /// and each is multicast to both; each CTA's `full` expects the whole tile.
-  __device__ void issue_raw(const QueryTile& t, const Elem& e, char* dst, uint64_t* full, int page,
-                            int rank = 0) const {
+  /// `full`), or the gather (cp.async groups; `full` unused).
+  __device__ void issue_raw(const QueryTile& t, const Elem& e, char* dst, uint64_t* full, int page) const {
     const Span sp = span(t, e.tile);
     if constexpr (!kTma) {
       gather<D / 16, 1>(t, e.tile, page, e.is_v, dst);
@@ -596,13 +593,8 @@ struct Producer {
     if (lane == 0 && bytes > 0) expect_tx(full, bytes);
     __syncwarp();
     if (mine) {
-      const CUtensorMap* map = e.is_v ? &p.tm_v : &p.tm_k;
-      char* const box = dst + (g.box_key(u) - sp.key0) * D;
-      if (!Pol::kFp8Cluster || p.cluster == 1) {
-        tma_load_4d(map, full, box, 0, t.kv_head, g.row(g.box_key(u)), page, kEvictLast);
-      } else if (my_unit() % 2 == rank) {
-        tma_load_4d_multicast(map, full, box, 0x3, 0, t.kv_head, g.row(g.box_key(u)), page, kEvictLast);
-      }
+      tma_load_4d(e.is_v ? &p.tm_v : &p.tm_k, full, dst + (g.box_key(u) - sp.key0) * D, 0, t.kv_head,
+                  g.row(g.box_key(u)), page, kEvictLast);
     }
     __syncwarp();
     if (lane == 0) arrive(full);

@@ -35,7 +35,7 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   constexpr bool tma = Pol::kKvTma;
   p.tma_kv = tma && !kFp8;
   p.tma_raw = tma && kFp8;
-  p.cluster = cluster_size(a.group, p.tma_kv || Pol::kFp8Cluster);
+  p.cluster = cluster_size(a.group, p.tma_kv);
   p.pack = gqa_pack(a.group / p.cluster);
   p.head_groups = a.group / p.pack;
   p.space.cu_seqlens_q = prob.cu_seqlens_q;

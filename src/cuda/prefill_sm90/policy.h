@@ -27,9 +27,7 @@
 // the staging slots instead of converting in place (D = 128, two producer warpgroups),
 // PAGEDMHA_SM90_FP8_DIAG=1 leaves the fp8 conversion out (a stage counts as full once its
 // raw tile has landed) and =2 its stores (loads and conversions remain): diagnostics of
-// what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_FP8_CLUSTER=1 runs
-// fp8 converted in place in clusters of two sharing each raw tile by multicast (as 16-bit
-// K / V do), where the GQA group is even.
+// what the conversion costs the consumers, wrong results.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -77,9 +75,6 @@
 #endif
 #ifndef PAGEDMHA_SM90_FP8_DIAG
 #define PAGEDMHA_SM90_FP8_DIAG 0
-#endif
-#ifndef PAGEDMHA_SM90_FP8_CLUSTER
-#define PAGEDMHA_SM90_FP8_CLUSTER 0
 #endif
 #ifndef PAGEDMHA_SM90_Q_SLOTS
 #define PAGEDMHA_SM90_Q_SLOTS 0
@@ -137,10 +132,6 @@ struct PrefillPolicy {
   // fast as the staging slots (H200, 2026-12-03 s9run1: docs/perf-notes/prefill-sm90-fp8.md)
   // with one pipeline fewer per warpgroup. Elsewhere the staging slots below.
   static constexpr bool kFp8InPlace = Fp8Kv && kProducerWarpgroups == 2 && D == 128 && PAGEDMHA_SM90_FP8_IN_PLACE != 0;
-  // Clusters of two for fp8 in place (experiment, off): the pair's raw tiles multicast,
-  // each CTA converting its own copy; the release chain (both CTAs' consumers release a
-  // stage only after their own conversion filled it) orders the next multicast.
-  static constexpr bool kFp8Cluster = kFp8InPlace && PAGEDMHA_SM90_FP8_CLUSTER != 0;
   // fp8 caches land raw (BN x D bytes) in staging slots the producer warpgroup(s) convert
   // from into the 16-bit stages: 4 (3 tiles in flight while one converts: a tile's load
   // latency is ~3 conversions; two each with two producer warpgroups) where shared memory
