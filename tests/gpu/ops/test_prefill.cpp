@@ -81,18 +81,25 @@ TEST(GpuPrefill, FeaturesAndDtypes) {
   }
 }
 
+// Every head dim: on Hopper D = 128 converts in place, D = 64 and 256 through staging
+// slots, and a bf16 query is loaded by TMA and converted to fp16 in shared memory (with
+// Hq 10 / Hkv 2 the five packed heads leave rows past the tile's tokens).
 TEST(GpuPrefill, Fp8CacheAndHnd) {
   REQUIRE_GPU();
   int i = 0;
-  for (DType q : {DType::bf16, DType::fp16}) {
-    for (CacheLayout layout : {CacheLayout::nhd4, CacheLayout::hnd4}) {
-      AttnCase c = ragged(layout == CacheLayout::hnd4 ? 32 : 64, 2200 + i++);
-      c.q_dtype = q;
-      c.kv_dtype = DType::fp8_e4m3;
-      c.k_scale = 0.37, c.v_scale = 2.5;
-      c.outlier_gain = 20.0;
-      c.layout = layout;
-      check_case(c);
+  for (int D : {64, 128, 256}) {
+    for (DType q : {DType::bf16, DType::fp16}) {
+      for (CacheLayout layout : {CacheLayout::nhd4, CacheLayout::hnd4}) {
+        AttnCase c = ragged(layout == CacheLayout::hnd4 ? 32 : 64, 2200 + i++);
+        c.D = D;
+        if (D != 128) c.Hq = 10, c.Hkv = 2;
+        c.q_dtype = q;
+        c.kv_dtype = DType::fp8_e4m3;
+        c.k_scale = 0.37, c.v_scale = 2.5;
+        c.outlier_gain = 20.0;
+        c.layout = layout;
+        check_case(c);
+      }
     }
   }
 }
