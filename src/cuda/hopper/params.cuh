@@ -31,7 +31,7 @@ struct Sm90Params {
   int cluster;       // CTAs per cluster (1, or 2 sharing each K / V tile by TMA multicast)
   bool tma_q, tma_kv;  // Q / 16-bit K and V by TMA (else the cp.async gather)
   bool q_convert;      // Q by TMA in its dtype, converted in place into the GEMMs' (fp8 KV, bf16 Q)
-  bool tma_raw;        // fp8 K and V by TMA into the staging slots (else the gather)
+  bool tma_raw;        // fp8 K and V by TMA (into the staging slots or their stages; else the gather)
 };
 
 /// This CTA's walk over the plan: its cluster's items first, first + stride, ...; rank
