@@ -528,7 +528,16 @@ struct Producer {
     // per-chunk offsets hoisted out of the loop spilled the producer's 40 registers.
     constexpr int kRowStep = 128 / (D / 16);
     static_assert(kRowStep % 8 == 0, "one swizzle phase per thread");
-    const int r0 = tid / (D / 16), c0 = tid % (D / 16);
+    // Each 8-thread phase of a 16-byte access reads 4 chunks (a piece) of an even row and
+    // 4 of the next row, pieces of opposite parity above D = 64: its loads then cover all
+    // 32 banks, and its stores too (the row parities' swizzles put them in opposite chunk
+    // parities). The plain order (8 chunks of one row) stored into the same banks of two
+    // 16-byte columns that are a panel apart: 8 wavefronts per STS.128 instead of 4 at
+    // D = 128 (ncu, H200 2026-12-03 s10run1).
+    constexpr int kPieces = D / 64;  // 4-chunk pieces per raw row
+    const int phase = tid >> 3, hi = (tid >> 2) & 1;
+    const int r0 = 2 * (phase / kPieces) + hi;
+    const int c0 = 4 * (kPieces > 1 ? (phase % kPieces) ^ hi : 0) + (tid & 3);
     const uint32_t src0 = src + r0 * D + c0 * 16;
     const uint32_t dst0 = dst + tile_offset(BN, r0, 2 * c0), dst1 = dst + tile_offset(BN, r0, 2 * c0 + 1);
     // The gather's producer holds its row addresses across the tile: groups one at a time.
@@ -542,7 +551,7 @@ struct Producer {
       for (int u = 0; u < U; ++u) in[u] = lds128(src0 + (g + u) * kRowStep * D);
       if constexpr (Pol::kFp8InPlace) {
         // In place, raw row r is the second panel's row r: the 8 lanes reading it (one
-        // warp, one load) are done before any of them writes it.
+        // warp: its 4 rows are its 4 phases' rows) are done before any of them writes it.
         static_assert(D == 128, "raw rows are panel rows at D = 128 only");
         __syncwarp();
       }
