@@ -229,8 +229,10 @@ struct Consumer {
     SoftmaxRows smx, done;  // the running item's rows; the pending item's
     OutRows prev{};
     bool pending = false;
+    int4 next = walk.entry(p, walk.first);
     for (int item = walk.first; item < walk.total; item += walk.stride) {
-      const QueryTile t = walk.tile(p, item);
+      const QueryTile t = walk.tile(p, item, next);
+      next = walk.entry(p, item + walk.stride);
       const int n = t.keys.end - t.keys.begin;
       smx.init();
       if (n <= 0) {  // no key: o = 0 (and the sink alone decides the lse)

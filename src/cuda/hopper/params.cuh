@@ -21,7 +21,7 @@ struct Sm90Params {
   CUtensorMap tm_v;  // (fp8 caches: box [1][geo.box_rows][1][D] bytes, no swizzle: the raw tile)
   AttentionArgs a;
   TileSpace space;
-  const int2* list;  // plan: query tiles in the order to run them
+  const int4* list;  // plan: query tiles in the order to run them (schedule.cuh plan entries)
   const int* count;  // plan: number of list entries
   int pack;          // query heads per tile (GQA packing)
   int head_groups;   // group / pack
@@ -43,8 +43,13 @@ struct Walk {
         stride(static_cast<int>(gridDim.x) / p.cluster),
         rank(static_cast<int>(blockIdx.x) % p.cluster),
         total(num_items(*p.count, p.a.num_kv_heads, p.head_groups, p.cluster)) {}
-  __device__ QueryTile tile(const Sm90Params& p, int item) const {
-    return query_tile(p.space, p.list, item, p.item_div, p.a.group, p.pack, p.cluster, rank);
+  /// Item `item`'s plan entry (schedule.cuh), or zeros past the walk. Each role loads
+  /// the next item's entry as it starts an item, so the load's latency hides behind it.
+  __device__ int4 entry(const Sm90Params& p, int item) const {
+    return item < total ? plan_entry(p.list, item, p.item_div) : make_int4(0, 0, 0, 0);
+  }
+  __device__ QueryTile tile(const Sm90Params& p, int item, int4 e) const {
+    return query_tile(p.space, e, item, p.item_div, p.a.group, p.pack, p.cluster, rank);
   }
 };
 

@@ -84,8 +84,14 @@ struct Producer {
     PipeState<kRawPerRole> raw;  // this warpgroup's fp8 staging slots (full barriers count TMA bytes)
     PipeState<Pol::kQSlots> qs;
     const Walk walk(p);
+    // The next item's plan entry is loaded as an item starts (four registers across the
+    // item), except in the two fp8 producer warpgroups, whose 56 registers it spills:
+    // they load an item's entry as it starts.
+    constexpr bool kPrefetch = Pol::kProducerWarpgroups == 1;
+    int4 next = kPrefetch ? walk.entry(p, walk.first) : make_int4(0, 0, 0, 0);
     for (int item = walk.first; item < walk.total; item += walk.stride) {
-      const QueryTile t = walk.tile(p, item);
+      const QueryTile t = walk.tile(p, item, kPrefetch ? next : walk.entry(p, item));
+      if (kPrefetch) next = walk.entry(p, item + walk.stride);
       const int n = t.keys.end - t.keys.begin;
       if (n <= 0) continue;  // the consumers write zeros without reading anything
       const auto next_q = [&] {

@@ -55,13 +55,13 @@ __device__ __forceinline__ void kv_order(int x, int n, int& j, bool& is_v) {
   }
 }
 
-__device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int n, int m) {
-  const int t0 = m * s.tokens;
-  const int t1 = (t0 + s.tokens < n ? t0 + s.tokens : n) - 1;  // last token of the tile
-  const int64_t p0 = int64_t{L} - n + t0, p1 = int64_t{L} - n + t1;
+/// The KV tiles of a query tile of `rows` tokens (1 .. tokens) whose first token is at
+/// position p0 of a request of L keys.
+__device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0, int rows) {
+  const int64_t q0 = p0, q1 = int64_t{p0} + rows - 1;
   TileKeys k;
-  narrow(s.mask.rows_union(L, p0, p1), k.span_lo, k.span_hi);
-  narrow(s.mask.rows_common(L, p0, p1), k.common_lo, k.common_hi);
+  narrow(s.mask.rows_union(L, q0, q1), k.span_lo, k.span_hi);
+  narrow(s.mask.rows_common(L, q0, q1), k.common_lo, k.common_hi);
   if (k.span_hi <= k.span_lo) {
     k.begin = k.end = 0;
   } else {
@@ -71,8 +71,15 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int n, 
   return k;
 }
 
+/// A plan entry is an int4 {b, q_row0, rest, L}: request b, the q / out row of the
+/// tile's first token, the request's query tokens from that token on (> 0) and its KV
+/// length (>= 0). Everything an item needs of its request, so that the kernels read one
+/// 16-byte entry per item and nothing that depends on it (cu_seqlens_q, seq_lens): the
+/// consumers waited out two dependent global round trips at every item (ncu, H200
+/// 2026-12-03 s10run3: 16 x 1k).
+
 /// One CTA of kPlanThreads: tiles per request, their prefix, then a counting sort of all
-/// tiles by descending KV-tile count (bucketed; order within a bucket is free: every tile
+/// tiles (their plan entries) by descending KV-tile count (bucketed; order within a bucket is free: every tile
 /// is computed whole by one CTA, so the result does not depend on it).
 template <int kThreads, int kBuckets>
 __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char* workspace) {
@@ -82,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
   __shared__ int carry;
   int* count = reinterpret_cast<int*>(workspace);
   int* prefix = reinterpret_cast<int*>(workspace + PlanLayout::prefix_offset());
-  int2* list = reinterpret_cast<int2*>(workspace + PlanLayout::list_offset(s.batch));
+  int4* list = reinterpret_cast<int4*>(workspace + PlanLayout::list_offset(s.batch));
   const int tid = threadIdx.x;
 
   // 1. prefix[b] = tiles of requests before b.
@@ -118,7 +125,8 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
     m = i - prefix[b];
     const int n = s.cu_seqlens_q[b + 1] - s.cu_seqlens_q[b];
     const int L = s.seq_lens[b] > 0 ? s.seq_lens[b] : 0;
-    const TileKeys k = tile_keys(s, L, n, m);
+    const int rest = n - m * s.tokens;
+    const TileKeys k = tile_keys(s, L, L - rest, rest < s.tokens ? rest : s.tokens);
     const int cost = k.end - k.begin;
     return kBuckets - 1 - (cost < kBuckets - 1 ? cost : kBuckets - 1);
   };
@@ -141,17 +149,19 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
   for (int i = tid; i < total; i += kThreads) {
     int b, m;
     const int key = locate(i, b, m);
-    list[atomicAdd(&bucket[key], 1)] = make_int2(b, m);
+    const int q0 = s.cu_seqlens_q[b], n = s.cu_seqlens_q[b + 1] - q0;
+    list[atomicAdd(&bucket[key], 1)] =
+        make_int4(b, q0 + m * s.tokens, n - m * s.tokens, s.seq_lens[b] > 0 ? s.seq_lens[b] : 0);
   }
   if (tid == 0) *count = total;
 }
 
 /// One work item of the persistent grid, everything both roles derive from it.
 struct QueryTile {
-  int b, m, kv_head, head0;  // request, tile index, KV head, first of the tile's `pack` query heads
-  int q_row0;                // q / out row of the tile's first token
-  int n_tok;                 // tokens in the tile
-  int L, p0;                 // KV length; position of the first token (L - n + m * tokens; < 0 when n > L)
+  int b, kv_head, head0;  // request, KV head, first of the tile's `pack` query heads
+  int q_row0;             // q / out row of the tile's first token
+  int n_tok;              // tokens in the tile
+  int L, p0;              // KV length; position of the first token (L - n + m * tokens; < 0 when n > L)
   TileKeys keys;
 };
 
@@ -170,29 +180,31 @@ struct ItemDivisors {
   cutlass::FastDivmod per_entry, groups;
 };
 
-/// Item `item`: entry item / (Hkv * head_groups / cluster) of the list; the KV head and
-/// the head group (of `pack` query heads; cluster rank `rank` takes the rank-th of the
-/// item's `cluster` consecutive groups) from the rest. The items of one entry are adjacent
-/// (equal cost).
-__device__ __forceinline__ QueryTile query_tile(const TileSpace& s, const int2* list, int item, const ItemDivisors& div,
+/// Item `item`'s plan entry: entry item / (Hkv * head_groups / cluster) of the list.
+__device__ __forceinline__ int4 plan_entry(const int4* list, int item, const ItemDivisors& div) {
+  int entry, r;
+  div.per_entry.fast_divmod(entry, r, item);
+  return list[entry];
+}
+
+/// Item `item` from its plan entry `e` (plan_entry): the KV head and the head group (of
+/// `pack` query heads; cluster rank `rank` takes the rank-th of the item's `cluster`
+/// consecutive groups) from the item's index. The items of one entry are adjacent (equal
+/// cost).
+__device__ __forceinline__ QueryTile query_tile(const TileSpace& s, int4 e, int item, const ItemDivisors& div,
                                                 int group, int pack, int cluster, int rank) {
   int entry, r, kv_head, g;
   div.per_entry.fast_divmod(entry, r, item);
   div.groups.fast_divmod(kv_head, g, r);
-  const int2 e = list[entry];
   QueryTile t;
   t.b = e.x;
-  t.m = e.y;
   t.kv_head = kv_head;
   t.head0 = kv_head * group + (g * cluster + rank) * pack;
-  const int q0 = s.cu_seqlens_q[t.b];
-  const int n = s.cu_seqlens_q[t.b + 1] - q0;
-  t.L = s.seq_lens[t.b] > 0 ? s.seq_lens[t.b] : 0;
-  const int tok0 = t.m * s.tokens;
-  t.q_row0 = q0 + tok0;
-  t.n_tok = n - tok0 < s.tokens ? n - tok0 : s.tokens;
-  t.p0 = t.L - n + tok0;
-  t.keys = tile_keys(s, t.L, n, t.m);
+  t.q_row0 = e.y;
+  t.n_tok = e.z < s.tokens ? e.z : s.tokens;
+  t.L = e.w;
+  t.p0 = t.L - e.z;
+  t.keys = tile_keys(s, t.L, t.p0, t.n_tok);
   return t;
 }
 

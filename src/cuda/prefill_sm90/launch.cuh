@@ -51,7 +51,7 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   p.pack_div = cutlass::FastDivmod(p.pack);
   char* ws = static_cast<char*>(prob.workspace);
   p.count = reinterpret_cast<const int*>(ws);
-  p.list = reinterpret_cast<const int2*>(ws + PlanLayout::list_offset(prob.batch));
+  p.list = reinterpret_cast<const int4*>(ws + PlanLayout::list_offset(prob.batch));
   plan_kernel<kPlanThreads, kPlanBuckets><<<1, kPlanThreads, 0, stream>>>(p.space, ws);
   PAGEDMHA_CUDA_CHECK_LAUNCH();
 

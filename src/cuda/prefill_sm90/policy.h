@@ -247,14 +247,15 @@ inline bool q_tma_ok(bool fp8_q, int64_t row_stride_bytes, int64_t head_stride_b
 }
 
 /// Workspace of the plan (all offsets 16-byte aligned): the count of query tiles, the
-/// per-request tile prefix, then the tiles (b, m) in the order to run them.
+/// per-request tile prefix, then the tiles in the order to run them (16-byte entries:
+/// hopper/schedule.cuh).
 struct PlanLayout {
   static constexpr int64_t kHeader = 16;
   PAGEDMHA_HD static int64_t prefix_offset() { return kHeader; }
   PAGEDMHA_HD static int64_t list_offset(int64_t batch) { return kHeader + ((4 * (batch + 1) + 15) / 16) * 16; }
   /// Bytes for `batch` requests and `total_q` query rows (a request of n queries has at
   /// most ceil(n / tokens) <= n + 1 tiles), whatever the head geometry.
-  PAGEDMHA_HD static int64_t bytes(int64_t batch, int64_t total_q) { return list_offset(batch) + 8 * (total_q + batch); }
+  PAGEDMHA_HD static int64_t bytes(int64_t batch, int64_t total_q) { return list_offset(batch) + 16 * (total_q + batch); }
 };
 
 /// Cost buckets of the longest-first tile order (KV tiles a query tile reads; longer
