@@ -49,6 +49,7 @@ struct Shape {
 
 struct Timing {
   double us, bytes;  // per call; K + V bytes of the visible keys + Q + O
+  double diff;       // max |o - o_portable| / max |o_portable| (0 when the portable decode ran)
 };
 
 template <int D, bool kFp8>
@@ -125,6 +126,22 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
     }
     if (!done) launch_decode<D, T, KV>(a, 0, sms, stream);
   };
+  // A sanity check, not a test (the GPU suite tests every path against the fp64 oracle):
+  // this build's path against the portable decode on the first page table.
+  const int64_t o_elems = int64_t{B} * s.hq * D;
+  std::vector<T> o_var(o_elems), o_ref(o_elems);
+  launch(0);
+  CHECK(cudaMemcpyAsync(o_var.data(), o, o_elems * 2, cudaMemcpyDeviceToHost, stream));
+  p.page_table = d_tables;
+  launch_decode<D, T, KV>(decode_args(p), 0, sms, stream);
+  CHECK(cudaMemcpyAsync(o_ref.data(), o, o_elems * 2, cudaMemcpyDeviceToHost, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < o_elems; ++i) {
+    const double x = static_cast<float>(o_var[i]), y = static_cast<float>(o_ref[i]);
+    diff = std::isnan(x - y) ? INFINITY : std::max(diff, std::fabs(x - y));
+    scale = std::max(scale, std::fabs(y));
+  }
   for (int c = 0; c < copies; ++c) launch(c);
   CHECK(cudaStreamSynchronize(stream));
   CHECK(cudaGetLastError());
@@ -159,7 +176,7 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
                   static_cast<void*>(d_tables), static_cast<void*>(d_lens), static_cast<void*>(sinks), ws}) {
     cudaFree(x);
   }
-  return {ms[ms.size() / 2] * 1e3, read};
+  return {ms[ms.size() / 2] * 1e3, read, scale > 0 ? diff / scale : diff};
 }
 
 // bench_attention.py --decode's shapes at page 16 (bf16 KV unless marked).
@@ -182,14 +199,15 @@ int main(int argc, char** argv) {
     const Timing t = s.d == 128 ? (s.fp8 ? run_shape<128, true>(s, sms, stream) : run_shape<128, false>(s, sms, stream))
                                 : (s.fp8 ? run_shape<64, true>(s, sms, stream) : run_shape<64, false>(s, sms, stream));
     const double tbps = t.bytes / (t.us * 1e-6) / 1e12;
-    std::printf("%-16s %-15s %3dx%-6d p%-3d %-4s w%-4d %10.1f us %6.2f TB/s\n", argv[1], s.model, s.batch, s.ctx,
-                s.page, s.fp8 ? "fp8" : "bf16", s.window, t.us, tbps);
+    std::printf("%-16s %-15s %3dx%-6d p%-3d %-4s w%-4d %10.1f us %6.2f TB/s  diff %.1e\n", argv[1], s.model, s.batch,
+                s.ctx, s.page, s.fp8 ? "fp8" : "bf16", s.window, t.us, tbps, t.diff);
     if (out) {
       std::fprintf(out,
                    "{\"op\": \"decode\", \"impl\": \"pagedmha-variant\", \"variant\": \"%s\", \"model\": \"%s\", "
                    "\"batch\": %d, \"ctx\": %d, \"q_len\": 1, \"page_size\": %d, \"kv_dtype\": \"%s\", "
-                   "\"window_left\": %d, \"time_us\": %.2f, \"tbps\": %.3f}\n",
-                   argv[1], s.model, s.batch, s.ctx, s.page, s.fp8 ? "fp8_e4m3" : "bf16", s.window, t.us, tbps);
+                   "\"window_left\": %d, \"time_us\": %.2f, \"tbps\": %.3f, \"max_rel_diff_vs_portable\": %.3g}\n",
+                   argv[1], s.model, s.batch, s.ctx, s.page, s.fp8 ? "fp8_e4m3" : "bf16", s.window, t.us, tbps,
+                   std::isfinite(t.diff) ? t.diff : 1e30);
     }
   });
 }
