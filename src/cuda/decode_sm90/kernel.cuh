@@ -58,8 +58,6 @@ struct DecodeSmem {
   __device__ uint64_t* full(int w, int s) const {
     return reinterpret_cast<uint64_t*>(base + kRing + Pol::kEpiBytes + Pol::kStatBytes) + w * Pol::kStages + s;
   }
-  /// With a producer warp: consumer warp w has released stage s.
-  __device__ uint64_t* empty(int w, int s) const { return full(0, 0) + Pol::kWarps * Pol::kStages + w * Pol::kStages + s; }
 };
 
 /// The work items of a batch as one warp walks them, 32 requests at a time: lane j holds
@@ -111,7 +109,6 @@ struct WarpItem {
   int lo, hi;            // keys any valid row sees (loaded)
   int full_lo, full_hi;  // keys every valid row sees (tiles inside skip the mask)
   int t0, t1;            // the warp's tiles [t0, t1)
-  int tb, n;             // the item's tiles [tb, tb + n): warp w takes [tb + w n / W, tb + (w + 1) n / W)
   int row_lo, row_hi;    // lane r < 16: row r's keys (0, 0 for padding rows)
 };
 
@@ -145,8 +142,6 @@ __device__ __forceinline__ WarpItem warp_item(const AttentionArgs& a, int b, int
                          (hi + KW - 1) / KW),
                      tb);
   const int n = te - tb;
-  it.tb = tb;
-  it.n = n;
   it.t0 = tb + warp * n / Pol::kWarps;
   it.t1 = tb + (warp + 1) * n / Pol::kWarps;
   return it;
@@ -240,10 +235,8 @@ struct DecodeWarp {
     const AttentionArgs& a = p.a;
     const DeviceVariant var{a};
     LoadStream<Pol> ls;
-    if constexpr (!Pol::kProducer) {
-      ls.start(a, p.geo, blockIdx.x, gridDim.x, warp);
-      for (int s = 0; s < S && !ls.done; ++s) ls.issue_and_advance(p, sm.k(warp, s), sm.v(warp, s), sm.full(warp, s));
-    }
+    ls.start(a, p.geo, blockIdx.x, gridDim.x, warp);
+    for (int s = 0; s < S && !ls.done; ++s) ls.issue_and_advance(p, sm.k(warp, s), sm.v(warp, s), sm.full(warp, s));
 
     PipeState<S> st;
     RequestScan scan;
@@ -287,13 +280,9 @@ struct DecodeWarp {
           // counts, and a request's splits never depend on the batch (decode/policy.h).
           smx.template update<KW / 8, D / 8, true>(s, acc);
           pv(s, smem_addr(sm.v(warp, st.slot)), acc);
-          if (edge) fence_async_smem();  // the zeroing (generic proxy) before the next TMA write
           __syncwarp();  // every lane's reads of the stage are done before it is refilled
-          if constexpr (Pol::kProducer) {
-            if (lane == 0) arrive(sm.empty(warp, st.slot));
-          } else if (!ls.done) {
-            ls.issue_and_advance(p, sm.k(warp, st.slot), sm.v(warp, st.slot), sm.full(warp, st.slot));
-          }
+          if (edge) fence_async_smem();  // the zeroing (generic proxy) before the next TMA write
+          if (!ls.done) ls.issue_and_advance(p, sm.k(warp, st.slot), sm.v(warp, st.slot), sm.full(warp, st.slot));
           st.advance();
         }
       }
@@ -374,15 +363,6 @@ struct DecodeWarp {
     }
   }
 
-  /// The consumer warps' barrier: the CTA's, or named barrier 1 beside a producer warp.
-  __device__ static void consumers_sync() {
-    if constexpr (Pol::kProducer) {
-      named_sync(1, Pol::kConsumerThreads);
-    } else {
-      __syncthreads();
-    }
-  }
-
   /// The CTA's merge of the warps' rows (each relative to its own integer reference):
   /// rescaled to the row maximum; warps 0 and 1 write the two buffers, each further pair
   /// adds to them in turn, and o = (buffer 0 + buffer 1) * the row's scale from `out`.
@@ -396,7 +376,7 @@ struct DecodeWarp {
         sm.stat_l()[warp * R + g + 8 * h] = smx.l[h];
       }
     }
-    consumers_sync();
+    __syncthreads();
     if (tid < R) {
       float m_all, l_all;
       merge_warp_rows<W>(sm.stat_m(), sm.stat_l(), R, tid, m_all, l_all);
@@ -422,7 +402,7 @@ struct DecodeWarp {
       }
     }
     for (int pair = 1; pair < W / 2; ++pair) {
-      consumers_sync();
+      __syncthreads();
       if ((warp >> 1) == pair) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -435,8 +415,8 @@ struct DecodeWarp {
         }
       }
     }
-    consumers_sync();
-    for (int idx = tid; idx < R * (D / 8); idx += Pol::kConsumerThreads) {
+    __syncthreads();
+    for (int idx = tid; idx < R * (D / 8); idx += Pol::kThreads) {
       const int r = idx / (D / 8), c = idx % (D / 8);
       if (!out.row_valid(r)) continue;
       const float4* x = reinterpret_cast<const float4*>(sm.buf(0) + r * Pol::kOStride + 8 * c);
@@ -450,78 +430,6 @@ struct DecodeWarp {
   }
 };
 
-/// The producer warp (policy.h kProducer): it walks the CTA's items as the consumer warps
-/// do and loads every warp's share of each item's tiles in rounds, round k holding tile
-/// k of each warp's share, into that warp's ring (waiting for the stage's empty barrier).
-/// Lane l owns unit l of a round: consumer warp l / kUnitsPerWarp, box and panel from the
-/// rest; its page id for round k + 1 is read while round k is issued.
-template <class Pol>
-struct DecodeProducer {
-  static constexpr int W = Pol::kWarps, S = Pol::kStages, KW = Pol::KW;
-  const DecodeSm90Params& p;
-  const DecodeSmem<Pol> sm;
-  int lane;
-
-  /// This lane's unit of round k of an item: its consumer warp `w`, whether the unit holds
-  /// keys of [lo, hi) (`mine`), its first key `pos` and panel `c`.
-  __device__ bool unit(const WarpItem& it, int k, int& w, int& pos, int& c) const {
-    w = lane / Pol::kUnitsPerWarp;
-    const int r = lane % Pol::kUnitsPerWarp, u = r / Pol::kPanels;
-    c = r % Pol::kPanels;
-    const int t0 = it.tb + w * it.n / W, t1 = it.tb + (w + 1) * it.n / W;
-    pos = (t0 + k) * KW + u * p.geo.box_rows;
-    return t0 + k < t1 && u < KW / p.geo.box_rows && pos < it.hi && pos + p.geo.box_rows > it.lo;
-  }
-
-  __device__ void run() {
-    const AttentionArgs& a = p.a;
-    const PageGeometry& g = p.geo;
-    RequestScan scan;
-    scan.load(a, 0);
-    PipeState<S> st[W];
-    for (int item = blockIdx.x;; item += gridDim.x) {
-      int b, local, cnt, L;
-      if (!scan.locate(a, item, b, local, cnt, L)) break;
-      const WarpItem it = warp_item<Pol>(a, b, local, cnt, L, 0);
-      const int32_t* pages = a.page_table + int64_t{b} * a.page_table_row_stride;
-      const int rounds = (it.n + W - 1) / W;
-      int w, pos, c;
-      int page = unit(it, 0, w, pos, c) ? __ldg(pages + g.col(pos)) : 0;
-      for (int k = 0; k < rounds; ++k) {
-        const bool mine = unit(it, k, w, pos, c);
-        int next = 0;
-        {
-          int w1, pos1, c1;
-          if (k + 1 < rounds && unit(it, k + 1, w1, pos1, c1)) next = __ldg(pages + g.col(pos1));
-        }
-#pragma unroll
-        for (int x = 0; x < W; ++x) {
-          // Warp x's share has n / W or n / W + 1 tiles: the round holds its tile k if any.
-          const int t0 = it.tb + x * it.n / W, t1 = it.tb + (x + 1) * it.n / W;
-          if (t0 + k >= t1) continue;
-          wait(sm.empty(x, st[x].slot), st[x].phase ^ 1);
-          const bool issue = mine && w == x;
-          const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, issue));
-          if (lane == 0) {
-            cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(sm.full(x, st[x].slot),
-                                                                           boxes * 2 * g.box_rows * 128);
-          }
-          __syncwarp();
-          if (issue) {
-            const uint32_t off = c * KW * 128 + (pos - (t0 + k) * KW) * 128;
-            tma_load_4d(&p.tm_k, sm.full(x, st[x].slot), sm.k(x, st[x].slot) + off, c * 64, it.kv_head, g.row(pos),
-                        page, kEvictFirst);
-            tma_load_4d(&p.tm_v, sm.full(x, st[x].slot), sm.v(x, st[x].slot) + off, c * 64, it.kv_head, g.row(pos),
-                        page, kEvictFirst);
-          }
-          st[x].advance();
-        }
-        page = next;
-      }
-    }
-  }
-};
-
 template <int D, class T>
 __global__ void __launch_bounds__(DecodePolicy<D>::kThreads, 1) decode_sm90_kernel(const __grid_constant__ DecodeSm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -531,10 +439,7 @@ __global__ void __launch_bounds__(DecodePolicy<D>::kThreads, 1) decode_sm90_kern
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int w = 0; w < Pol::kWarps; ++w) {
-      for (int s = 0; s < Pol::kStages; ++s) {
-        Barrier::init(sm.full(w, s), 1);
-        if constexpr (Pol::kProducer) Barrier::init(sm.empty(w, s), 1);
-      }
+      for (int s = 0; s < Pol::kStages; ++s) Barrier::init(sm.full(w, s), 1);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -548,11 +453,7 @@ __global__ void __launch_bounds__(DecodePolicy<D>::kThreads, 1) decode_sm90_kern
   fence_async_smem();
   __syncthreads();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the merge may start its CTAs
-  if (Pol::kProducer && tid >= Pol::kConsumerThreads) {
-    DecodeProducer<Pol>{p, sm, tid & 31}.run();
-  } else {
-    DecodeWarp<Pol, T>{p, sm, tid >> 5, tid & 31}.run();
-  }
+  DecodeWarp<Pol, T>{p, sm, tid >> 5, tid & 31}.run();
 #endif
 }
 

@@ -10,9 +10,7 @@
 // Hopper decode"). It passes the GPU suite and the sanitizers when on (98acff5) and is
 // the base for the producer-warp version. Experiment knobs (bench/decode_variants.sh):
 // PAGEDMHA_DECODE_SM90_WARPS=w warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per warp
-// tile, PAGEDMHA_DECODE_SM90_STAGES=s stages per warp, PAGEDMHA_DECODE_SM90_PRODUCER=1 a
-// producer warp that issues every TMA box (the consumer warps only wait, compute and
-// release their stages).
+// tile, PAGEDMHA_DECODE_SM90_STAGES=s stages per warp.
 #ifndef PAGEDMHA_DECODE_SM90_WARPS
 #define PAGEDMHA_DECODE_SM90_WARPS 8
 #endif
@@ -21,9 +19,6 @@
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_STAGES
 #define PAGEDMHA_DECODE_SM90_STAGES 0
-#endif
-#ifndef PAGEDMHA_DECODE_SM90_PRODUCER
-#define PAGEDMHA_DECODE_SM90_PRODUCER 0
 #endif
 #ifndef PAGEDMHA_DECODE_SM90
 #define PAGEDMHA_DECODE_SM90 0
@@ -45,16 +40,8 @@ struct DecodePolicy {
   // tile (ldmatrix -> mma chains, the softmax's shuffles and ex2) is exposed; eight gained
   // 20-26% on gpt-oss over four and lost 3-8% on llama3-8b (H200, sixth session runs 2
   // and 3, docs/perf-notes/decode.md).
-  static constexpr int kWarps = PAGEDMHA_DECODE_SM90_WARPS;  // consumer warps
-  // A producer warp (experiment, off): it walks the items as the consumers do and issues
-  // every warp's tiles, a round (one tile per consumer warp) at a time, its page ids read
-  // a round ahead by one lane per box; each stage gets an empty barrier the consumer warp
-  // arrives on. The consumers' per-tile chain then holds no ballot, expect_tx or UTMALDG
-  // and no page-id load (the sixth session's reading of why the per-warp streams lost:
-  // docs/perf-notes/decode.md, "The Hopper decode").
-  static constexpr bool kProducer = PAGEDMHA_DECODE_SM90_PRODUCER != 0;
-  static constexpr int kConsumerThreads = 32 * kWarps;
-  static constexpr int kThreads = kConsumerThreads + (kProducer ? 32 : 0);
+  static constexpr int kWarps = PAGEDMHA_DECODE_SM90_WARPS;
+  static constexpr int kThreads = 32 * kWarps;
   // The G * q_len query rows of a KV head in one m16 tile (mma.sync m16n8k16): decode
   // rows are few (G = 4..8), so wgmma's 64-row minimum would waste 3/4 or more of it.
   static constexpr int kRows = 16;
@@ -73,7 +60,7 @@ struct DecodePolicy {
   static constexpr int kEpiBytes = 2 * kRows * kOStride * 4;
   static constexpr int kStatBytes = (2 * kWarps * kRows + kRows) * 4;
   static constexpr int kMaxStages = 8;
-  static constexpr int kBarrierBytes = 2 * kWarps * kMaxStages * 8;  // full, then empty (producer warp)
+  static constexpr int kBarrierBytes = kWarps * kMaxStages * 8;
   // Stages per warp: as many as the SM's shared memory holds (eight warps: 3 at D = 64
   // and D = 128, 192 KB of K / V per SM).
   static constexpr int kStagesFit =
@@ -88,11 +75,6 @@ struct DecodePolicy {
   static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
   static_assert(kWarps % 2 == 0 && kWarps <= 8, "warp pairs in the epilogue");
   static_assert(kStages >= 2 && kStages <= kMaxStages, "stages");
-  // The producer's round: one lane per (consumer warp, box, panel); boxes of at least 8
-  // keys (paged_kv.cuh kv_tma_ok), so at most KW / 8 per tile.
-  static constexpr int kBoxesMax = KW / 8;
-  static constexpr int kUnitsPerWarp = kBoxesMax * kPanels;
-  static_assert(!kProducer || kWarps * kUnitsPerWarp <= 32, "one lane per box of a round");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
