@@ -128,7 +128,7 @@ void batch_prefill(const TensorView& q, const TensorView& k_cache, const TensorV
 
 /// Bytes of workspace batch_prefill needs on `device` for up to `batch` requests and
 /// `total_q` query rows in all (0 on the CPU): 16 + 16 * ceil((batch + 1) / 4) +
-/// 8 * (total_q + batch) on CUDA, whatever the head geometry, so one workspace sized for
+/// 16 * (total_q + batch) on CUDA, whatever the head geometry, so one workspace sized for
 /// the largest step serves every step.
 std::size_t prefill_workspace_size(Device device, int64_t batch, int64_t total_q);
 

@@ -535,10 +535,10 @@ struct Producer {
     constexpr int kRowStep = 128 / (D / 16);
     static_assert(kRowStep % 8 == 0, "one swizzle phase per thread");
     // Each 8-thread phase of a 16-byte access reads 4 chunks (a piece) of an even row and
-    // 4 of the next row, pieces of opposite parity above D = 64: its loads then cover all
-    // 32 banks, and its stores too (the row parities' swizzles put them in opposite chunk
-    // parities). The plain order (8 chunks of one row) stored into the same banks of two
-    // 16-byte columns that are a panel apart: 8 wavefronts per STS.128 instead of 4 at
+    // 4 of the next row, pieces of opposite parity above D = 64: its loads still cover all
+    // 32 banks, and now its stores too (the row parities' swizzles put them in opposite
+    // chunk parities). The plain order (8 chunks of one row) stored into the same banks of
+    // two 16-byte columns that are a panel apart: 8 wavefronts per STS.128 instead of 4 at
     // D = 128 (ncu, H200 2026-12-03 s10run1).
     constexpr int kPieces = D / 64;  // 4-chunk pieces per raw row
     const int phase = tid >> 3, hi = (tid >> 2) & 1;

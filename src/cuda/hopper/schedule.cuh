@@ -1,8 +1,8 @@
-// The persistent grid's work: query tiles (request b, tile m of its tokens, KV head, head
-// group), ordered longest first across the whole batch by a one-CTA plan kernel that
-// writes them into the caller's workspace. The producer and the consumers of a CTA walk
-// the same sequence (item blockIdx.x, + gridDim.x, ...), so they agree on every tile
-// without talking.
+// The persistent grid's work: query tiles (request b, the m-th tile of its tokens, KV head,
+// head group), ordered longest first across the whole batch by a one-CTA plan kernel that
+// writes them into the caller's workspace. The producer and the consumers of a CTA walk the
+// same sequence (item blockIdx.x, + gridDim.x, ...), so they agree on every tile without
+// talking.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -26,8 +26,8 @@ struct TileSpace {
   MaskVariant mask;
 };
 
-/// KV tiles [begin, end) that query tile m of request b reads, and the keys every one of
-/// its rows sees (tiles inside need no mask).
+/// KV tiles [begin, end) that a query tile reads, and the keys every one of its rows sees
+/// (tiles inside need no mask).
 struct TileKeys {
   int begin, end;
   int span_lo, span_hi;      // keys any row sees (loaded; everything else in the tiles is zero or masked)
@@ -71,16 +71,15 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0,
   return k;
 }
 
-/// A plan entry is an int4 {b, q_row0, rest, L}: request b, the q / out row of the
-/// tile's first token, the request's query tokens from that token on (> 0) and its KV
-/// length (>= 0). Everything an item needs of its request, so that the kernels read one
-/// 16-byte entry per item and nothing that depends on it (cu_seqlens_q, seq_lens): the
-/// consumers waited out two dependent global round trips at every item (ncu, H200
-/// 2026-12-03 s10run3: 16 x 1k).
-
 /// One CTA of kPlanThreads: tiles per request, their prefix, then a counting sort of all
-/// tiles (their plan entries) by descending KV-tile count (bucketed; order within a bucket is free: every tile
-/// is computed whole by one CTA, so the result does not depend on it).
+/// tiles by descending KV-tile count (bucketed; order within a bucket is free: every tile
+/// is computed whole by one CTA, so the result does not depend on it), written as plan
+/// entries: int4 {b, q_row0, rest, L}, request b, the q / out row of the tile's first
+/// token, the request's query tokens from that token on (> 0) and its KV length (>= 0).
+/// Everything an item needs of its request, so that the kernels read one 16-byte entry
+/// per item and nothing that depends on it (cu_seqlens_q, seq_lens; the consumers had
+/// waited out two dependent global round trips at every item: ncu, H200 2026-12-03
+/// s10run3, 16 x 1k).
 template <int kThreads, int kBuckets>
 __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char* workspace) {
   using Scan = cub::BlockScan<int, kThreads>;
@@ -161,7 +160,7 @@ struct QueryTile {
   int b, kv_head, head0;  // request, KV head, first of the tile's `pack` query heads
   int q_row0;             // q / out row of the tile's first token
   int n_tok;              // tokens in the tile
-  int L, p0;              // KV length; position of the first token (L - n + m * tokens; < 0 when n > L)
+  int L, p0;              // KV length; position of the first token (L - rest; < 0 when rest > L)
   TileKeys keys;
 };
 
