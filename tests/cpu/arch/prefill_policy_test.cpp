@@ -100,4 +100,23 @@ TEST(PrefillSm90Policy, EveryInstantiationFitsSharedMemoryAndRegisters) {
   expect_fits<PrefillPolicy<256, true, false>>("D256 fp8 gather");
 }
 
+// The plan workspace (PlanLayout) against the size include/pagedmha/ops.h documents for
+// prefill_workspace_size: 16 + 16 * ceil((batch + 1) / 4) + 16 * (total_q + batch) bytes,
+// the entries (16 bytes each, hopper/schedule.cuh) 16-byte aligned after the count and the
+// per-request prefix, and room for the most query tiles a step can have (one token per
+// tile and one partial tile per request: total_q + batch).
+TEST(PrefillSm90Policy, PlanWorkspaceMatchesTheDocumentedSize) {
+  using pagedmha::cuda::sm90::PlanLayout;
+  for (const int64_t batch : {1, 2, 3, 4, 5, 255, 256, 1000}) {
+    for (const int64_t total_q : {int64_t{1}, batch, 4 * batch + 3, int64_t{1} << 20}) {
+      const int64_t documented = 16 + 16 * ((batch + 1 + 3) / 4) + 16 * (total_q + batch);
+      EXPECT_EQ(PlanLayout::bytes(batch, total_q), documented) << batch << " " << total_q;
+      const int64_t list = PlanLayout::list_offset(batch);
+      EXPECT_EQ(list % 16, 0) << batch;
+      EXPECT_GE(list, 16 + 4 * (batch + 1)) << batch;  // count, then prefix[batch + 1]
+      EXPECT_GE((PlanLayout::bytes(batch, total_q) - list) / 16, total_q + batch) << batch << " " << total_q;
+    }
+  }
+}
+
 }  // namespace
