@@ -48,16 +48,22 @@ struct DecodeSmem {
   char* base;
   __device__ explicit DecodeSmem(char* raw)
       : base(reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023})) {}
-  static constexpr int kRing = Pol::kWarps * Pol::kStages * Pol::kStageBytes;
-  __device__ char* k(int w, int s) const { return base + (w * Pol::kStages + s) * Pol::kStageBytes; }
+  static constexpr int kRingBytes = Pol::kRings * Pol::kStages * Pol::kStageBytes;
+  /// Stage s of warp w's ring (the CTA's ring: w ignored).
+  __device__ char* k(int w, int s) const { return base + ((Pol::kRing ? 0 : w) * Pol::kStages + s) * Pol::kStageBytes; }
   __device__ char* v(int w, int s) const { return k(w, s) + Pol::kTileBytes; }
-  __device__ float* buf(int i) const { return reinterpret_cast<float*>(base + kRing) + i * Pol::kRows * Pol::kOStride; }
+  __device__ float* buf(int i) const {
+    return reinterpret_cast<float*>(base + kRingBytes) + i * Pol::kRows * Pol::kOStride;
+  }
   __device__ float* stat_m() const { return buf(2); }
   __device__ float* stat_l() const { return stat_m() + Pol::kWarps * Pol::kRows; }
   __device__ float* row_scale() const { return stat_l() + Pol::kWarps * Pol::kRows; }
   __device__ uint64_t* full(int w, int s) const {
-    return reinterpret_cast<uint64_t*>(base + kRing + Pol::kEpiBytes + Pol::kStatBytes) + w * Pol::kStages + s;
+    return reinterpret_cast<uint64_t*>(base + kRingBytes + Pol::kEpiBytes + Pol::kStatBytes) +
+           (Pol::kRing ? 0 : w) * Pol::kStages + s;
   }
+  /// The CTA's ring: every consumer warp has read stage s.
+  __device__ uint64_t* empty(int s) const { return full(0, 0) + Pol::kMaxStages + s; }
 };
 
 /// The work items of a batch as one warp walks them, 32 requests at a time: lane j holds
@@ -103,7 +109,8 @@ struct RequestScan {
 };
 
 /// One work item as warp `warp` sees it: the rows' visible keys and the warp's share of
-/// the item's key tiles (tiles of KW keys; decode_split with a.split_tile = KW).
+/// the item's key tiles (tiles of kTileKeys keys; decode_split with a.split_tile =
+/// kTileKeys). With the CTA's ring every warp takes all of them (its slice of each).
 struct WarpItem {
   int b, kv_head, split, count, L;
   int lo, hi;            // keys any valid row sees (loaded)
@@ -114,7 +121,7 @@ struct WarpItem {
 
 template <class Pol>
 __device__ __forceinline__ WarpItem warp_item(const AttentionArgs& a, int b, int local, int count, int L, int warp) {
-  constexpr int KW = Pol::KW;
+  constexpr int KW = Pol::kTileKeys;
   WarpItem it;
   it.b = b;
   it.count = count;
@@ -142,8 +149,8 @@ __device__ __forceinline__ WarpItem warp_item(const AttentionArgs& a, int b, int
                          (hi + KW - 1) / KW),
                      tb);
   const int n = te - tb;
-  it.t0 = tb + warp * n / Pol::kWarps;
-  it.t1 = tb + (warp + 1) * n / Pol::kWarps;
+  it.t0 = Pol::kRing ? tb : tb + warp * n / Pol::kWarps;
+  it.t1 = Pol::kRing ? te : tb + (warp + 1) * n / Pol::kWarps;
   return it;
 }
 
@@ -227,16 +234,20 @@ struct LoadStream {
 template <class Pol, class T>
 struct DecodeWarp {
   static constexpr int D = Pol::kHeadDim, KW = Pol::KW, S = Pol::kStages, W = Pol::kWarps, R = Pol::kRows;
+  static constexpr int TK = Pol::kTileKeys;  // rows of a stage
   const DecodeSm90Params& p;
   const DecodeSmem<Pol> sm;
   int warp, lane;
+  int row0;  // the warp's first row of a stage: its slice of the CTA's ring, else 0
 
   __device__ void run() {
     const AttentionArgs& a = p.a;
     const DeviceVariant var{a};
     LoadStream<Pol> ls;
-    ls.start(a, p.geo, blockIdx.x, gridDim.x, warp);
-    for (int s = 0; s < S && !ls.done; ++s) ls.issue_and_advance(p, sm.k(warp, s), sm.v(warp, s), sm.full(warp, s));
+    if constexpr (!Pol::kRing) {
+      ls.start(a, p.geo, blockIdx.x, gridDim.x, warp);
+      for (int s = 0; s < S && !ls.done; ++s) ls.issue_and_advance(p, sm.k(warp, s), sm.v(warp, s), sm.full(warp, s));
+    }
 
     PipeState<S> st;
     RequestScan scan;
@@ -266,7 +277,7 @@ struct DecodeWarp {
         }
         for (int tile = it.t0; tile < it.t1; ++tile) {
           wait(sm.full(warp, st.slot), st.phase);
-          const int key0 = tile * KW;
+          const int key0 = tile * TK + row0;
           // V rows outside the keys any row sees (past L: whatever the page holds; before
           // a window's start, or of skipped boxes: stale rows) must not meet a zero
           // probability: zero them, as the portable loader zero-fills (K's are masked).
@@ -280,9 +291,15 @@ struct DecodeWarp {
           // counts, and a request's splits never depend on the batch (decode/policy.h).
           smx.template update<KW / 8, D / 8, true>(s, acc);
           pv(s, smem_addr(sm.v(warp, st.slot)), acc);
-          __syncwarp();  // every lane's reads of the stage are done before it is refilled
-          if (edge) fence_async_smem();  // the zeroing (generic proxy) before the next TMA write
-          if (!ls.done) ls.issue_and_advance(p, sm.k(warp, st.slot), sm.v(warp, st.slot), sm.full(warp, st.slot));
+          if constexpr (Pol::kRing) {
+            if (edge) fence_async_smem();  // the zeroing (generic proxy) before the producer's next TMA write
+            __syncwarp();                  // every lane's reads of the stage are done before it is released
+            if (lane == 0) arrive(sm.empty(st.slot));
+          } else {
+            __syncwarp();  // every lane's reads of the stage are done before it is refilled
+            if (edge) fence_async_smem();  // the zeroing (generic proxy) before the next TMA write
+            if (!ls.done) ls.issue_and_advance(p, sm.k(warp, st.slot), sm.v(warp, st.slot), sm.full(warp, st.slot));
+          }
           st.advance();
         }
       }
@@ -313,12 +330,13 @@ struct DecodeWarp {
     }
   }
 
-  /// The rows of a V tile outside [r0, r1) set to zero.
+  /// The rows of the warp's V tile (rows row0 .. row0 + KW of the stage) outside
+  /// [row0 + r0, row0 + r1) set to zero.
   __device__ void zero_rows_outside(char* v, int r0, int r1) const {
     const uint32_t base = smem_addr(v);
     for (int idx = lane; idx < KW * Pol::kChunks; idx += 32) {
       const int r = idx / Pol::kChunks;
-      if (r < r0 || r >= r1) sts128(base + tile_offset(KW, r, idx % Pol::kChunks), make_uint4(0, 0, 0, 0));
+      if (r < r0 || r >= r1) sts128(base + tile_offset(TK, row0 + r, idx % Pol::kChunks), make_uint4(0, 0, 0, 0));
     }
     __syncwarp();
   }
@@ -336,7 +354,7 @@ struct DecodeWarp {
       for (int np = 0; np < KW / 16; ++np) {
         uint32_t kb[4];
         const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-        ldmatrix_x4(kb, k_base + tile_offset(KW, key, 2 * kk + ((lane >> 3) & 1)));
+        ldmatrix_x4(kb, k_base + tile_offset(TK, row0 + key, 2 * kk + ((lane >> 3) & 1)));
         mma_16816<T>(s[2 * np], qa[kk], kb[0], kb[1]);
         mma_16816<T>(s[2 * np + 1], qa[kk], kb[2], kb[3]);
       }
@@ -356,10 +374,19 @@ struct DecodeWarp {
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, v_base + tile_offset(KW, key, 2 * dp + (lane >> 4)));
+        ldmatrix_x4_trans(vb, v_base + tile_offset(TK, row0 + key, 2 * dp + (lane >> 4)));
         mma_16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
         mma_16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
       }
+    }
+  }
+
+  /// The consumer warps' barrier: the CTA's, or named barrier 1 beside the ring's producer.
+  __device__ static void consumers_sync() {
+    if constexpr (Pol::kRing) {
+      named_sync(1, Pol::kConsumerThreads);
+    } else {
+      __syncthreads();
     }
   }
 
@@ -376,7 +403,7 @@ struct DecodeWarp {
         sm.stat_l()[warp * R + g + 8 * h] = smx.l[h];
       }
     }
-    __syncthreads();
+    consumers_sync();
     if (tid < R) {
       float m_all, l_all;
       merge_warp_rows<W>(sm.stat_m(), sm.stat_l(), R, tid, m_all, l_all);
@@ -402,7 +429,7 @@ struct DecodeWarp {
       }
     }
     for (int pair = 1; pair < W / 2; ++pair) {
-      __syncthreads();
+      consumers_sync();
       if ((warp >> 1) == pair) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -415,8 +442,8 @@ struct DecodeWarp {
         }
       }
     }
-    __syncthreads();
-    for (int idx = tid; idx < R * (D / 8); idx += Pol::kThreads) {
+    consumers_sync();
+    for (int idx = tid; idx < R * (D / 8); idx += Pol::kConsumerThreads) {
       const int r = idx / (D / 8), c = idx % (D / 8);
       if (!out.row_valid(r)) continue;
       const float4* x = reinterpret_cast<const float4*>(sm.buf(0) + r * Pol::kOStride + 8 * c);
@@ -430,6 +457,65 @@ struct DecodeWarp {
   }
 };
 
+/// The ring's producer warp (policy.h kRing): it walks the CTA's items as the consumer
+/// warps do and loads each item's stages [tb, tb + n) into the ring, waiting for a
+/// stage's empty barrier (every consumer warp has read its slice). Lane u * kPanels + c
+/// issues box u (a page, or kTileKeys rows of a larger page) of panel c; its page id for
+/// the next stage is read while this one is issued.
+template <class Pol>
+struct DecodeRingProducer {
+  static constexpr int TK = Pol::kTileKeys;
+  const DecodeSm90Params& p;
+  const DecodeSmem<Pol> sm;
+  int lane;
+
+  /// This lane's box of stage `tile`: its first key and panel, and whether it holds keys
+  /// of [lo, hi).
+  __device__ bool box(const WarpItem& it, int tile, int& pos, int& c) const {
+    const int u = lane / Pol::kPanels;
+    c = lane % Pol::kPanels;
+    pos = tile * TK + u * p.geo.box_rows;
+    return u < TK / p.geo.box_rows && pos < it.hi && pos + p.geo.box_rows > it.lo;
+  }
+
+  __device__ void run() {
+    const AttentionArgs& a = p.a;
+    const PageGeometry& g = p.geo;
+    RequestScan scan;
+    scan.load(a, 0);
+    PipeState<Pol::kStages> st;
+    for (int item = blockIdx.x;; item += gridDim.x) {
+      int b, local, cnt, L;
+      if (!scan.locate(a, item, b, local, cnt, L)) break;
+      const WarpItem it = warp_item<Pol>(a, b, local, cnt, L, 0);
+      if (it.t0 >= it.t1) continue;
+      const int32_t* pages = a.page_table + int64_t{b} * a.page_table_row_stride;
+      int pos, c;
+      int page = box(it, it.t0, pos, c) ? __ldg(pages + g.col(pos)) : 0;
+      for (int tile = it.t0; tile < it.t1; ++tile) {
+        int next = 0;
+        if (tile + 1 < it.t1 && box(it, tile + 1, pos, c)) next = __ldg(pages + g.col(pos));
+        const bool mine = box(it, tile, pos, c);
+        wait(sm.empty(st.slot), st.phase ^ 1);
+        const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, mine));
+        if (lane == 0) {
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(sm.full(0, st.slot), boxes * 2 * g.box_rows * 128);
+        }
+        __syncwarp();
+        if (mine) {
+          const uint32_t off = c * TK * 128 + (pos - tile * TK) * 128;
+          tma_load_4d(&p.tm_k, sm.full(0, st.slot), sm.k(0, st.slot) + off, c * 64, it.kv_head, g.row(pos), page,
+                      kEvictFirst);
+          tma_load_4d(&p.tm_v, sm.full(0, st.slot), sm.v(0, st.slot) + off, c * 64, it.kv_head, g.row(pos), page,
+                      kEvictFirst);
+        }
+        st.advance();
+        page = next;
+      }
+    }
+  }
+};
+
 template <int D, class T>
 __global__ void __launch_bounds__(DecodePolicy<D>::kThreads, 1) decode_sm90_kernel(const __grid_constant__ DecodeSm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -438,13 +524,16 @@ __global__ void __launch_bounds__(DecodePolicy<D>::kThreads, 1) decode_sm90_kern
   const DecodeSmem<Pol> sm(smem_raw);
   const int tid = threadIdx.x;
   if (tid == 0) {
-    for (int w = 0; w < Pol::kWarps; ++w) {
+    for (int w = 0; w < Pol::kRings; ++w) {
       for (int s = 0; s < Pol::kStages; ++s) Barrier::init(sm.full(w, s), 1);
+    }
+    if constexpr (Pol::kRing) {
+      for (int s = 0; s < Pol::kStages; ++s) Barrier::init(sm.empty(s), Pol::kWarps);
     }
     cutlass::arch::fence_barrier_init();
   }
   // V rows a tile does not load meet probability 0: the stages start finite (zero).
-  for (int w = 0; w < Pol::kWarps; ++w) {
+  for (int w = 0; w < Pol::kRings; ++w) {
     for (int s = 0; s < Pol::kStages; ++s) {
       uint4* v = reinterpret_cast<uint4*>(sm.v(w, s));
       for (int i = tid; i < Pol::kTileBytes / 16; i += Pol::kThreads) v[i] = make_uint4(0, 0, 0, 0);
@@ -453,7 +542,11 @@ __global__ void __launch_bounds__(DecodePolicy<D>::kThreads, 1) decode_sm90_kern
   fence_async_smem();
   __syncthreads();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the merge may start its CTAs
-  DecodeWarp<Pol, T>{p, sm, tid >> 5, tid & 31}.run();
+  if (Pol::kRing && tid >= Pol::kConsumerThreads) {
+    DecodeRingProducer<Pol>{p, sm, tid & 31}.run();
+  } else {
+    DecodeWarp<Pol, T>{p, sm, tid >> 5, tid & 31, Pol::kRing ? (tid >> 5) * Pol::KW : 0}.run();
+  }
 #endif
 }
 

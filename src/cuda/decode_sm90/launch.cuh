@@ -36,9 +36,9 @@ bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& args,
   using Pol = DecodePolicy<D>;
   if (!decode_sm90_rows_ok(args.group, args.q_len_per_req, args.q_fp8)) return false;
   DecodeSm90Params p{};
-  if (!kv_tensor_maps<D, T, false>(prob.kv, Pol::KW, p.tm_k, p.tm_v, p.geo)) return false;
+  if (!kv_tensor_maps<D, T, false>(prob.kv, Pol::kTileKeys, p.tm_k, p.tm_v, p.geo)) return false;
   p.a = args;
-  p.a.split_tile = Pol::KW;
+  p.a.split_tile = Pol::kTileKeys;
   p.a.row_chunks = 1;
   static std::atomic<int> smem_set[kMaxDevices];
   once_per_device(smem_set, prob.device.index, [] {

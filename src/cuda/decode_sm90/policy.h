@@ -10,7 +10,9 @@
 // Hopper decode"). It passes the GPU suite and the sanitizers when on (98acff5) and is
 // the base for the producer-warp version. Experiment knobs (bench/decode_variants.sh):
 // PAGEDMHA_DECODE_SM90_WARPS=w warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per warp
-// tile, PAGEDMHA_DECODE_SM90_STAGES=s stages per warp.
+// tile, PAGEDMHA_DECODE_SM90_STAGES=s stages (per warp, or of the ring),
+// PAGEDMHA_DECODE_SM90_RING=1 one ring of kWarps x KW-key stages that a producer warp
+// fills and every consumer warp reads its KW-key slice of.
 #ifndef PAGEDMHA_DECODE_SM90_WARPS
 #define PAGEDMHA_DECODE_SM90_WARPS 8
 #endif
@@ -19,6 +21,9 @@
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_STAGES
 #define PAGEDMHA_DECODE_SM90_STAGES 0
+#endif
+#ifndef PAGEDMHA_DECODE_SM90_RING
+#define PAGEDMHA_DECODE_SM90_RING 0
 #endif
 #ifndef PAGEDMHA_DECODE_SM90
 #define PAGEDMHA_DECODE_SM90 0
@@ -40,8 +45,16 @@ struct DecodePolicy {
   // tile (ldmatrix -> mma chains, the softmax's shuffles and ex2) is exposed; eight gained
   // 20-26% on gpt-oss over four and lost 3-8% on llama3-8b (H200, sixth session runs 2
   // and 3, docs/perf-notes/decode.md).
-  static constexpr int kWarps = PAGEDMHA_DECODE_SM90_WARPS;
-  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWarps = PAGEDMHA_DECODE_SM90_WARPS;  // consumer warps
+  // One CTA-wide ring (experiment, off): a producer warp loads stages of kWarps x KW keys
+  // (64 KB of K and V), one full barrier and one empty barrier (kWarps arrivals) per
+  // stage, the boxes of a stage issued by its lanes in parallel, page ids a stage ahead;
+  // consumer warp w reads keys [w KW, w KW + KW) of every stage of an item. A producer
+  // warp issuing every warp's 16-key tiles one at a time lost 20-35% (3524b1d:
+  // docs/perf-notes/decode.md).
+  static constexpr bool kRing = PAGEDMHA_DECODE_SM90_RING != 0;
+  static constexpr int kConsumerThreads = 32 * kWarps;
+  static constexpr int kThreads = kConsumerThreads + (kRing ? 32 : 0);
   // The G * q_len query rows of a KV head in one m16 tile (mma.sync m16n8k16): decode
   // rows are few (G = 4..8), so wgmma's 64-row minimum would waste 3/4 or more of it.
   static constexpr int kRows = 16;
@@ -51,8 +64,12 @@ struct DecodePolicy {
   static constexpr int KW = PAGEDMHA_DECODE_SM90_KW > 0 ? PAGEDMHA_DECODE_SM90_KW : (D == 128 && kWarps > 4 ? 16 : 32);
   static constexpr int kPanels = D / 64;  // 128-byte swizzled panels of a 16-bit row
   static constexpr int kChunks = D / 8;   // 16-byte chunks of a row
-  static constexpr int kTileBytes = KW * D * 2;  // K or V of one warp tile
+  // Keys of a stage (decode_split's tile, a.split_tile): a warp tile, or with the ring
+  // every consumer warp's.
+  static constexpr int kTileKeys = kRing ? kWarps * KW : KW;
+  static constexpr int kTileBytes = kTileKeys * D * 2;  // K or V of one stage
   static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kRings = kRing ? 1 : kWarps;
   // Epilogue: two fp32 [kRows][D + 8] buffers (warps 0 and 1 write, then each further
   // pair adds, 2 and 3 first: a fixed order, so results do not depend on timing), then
   // (m, l) per warp and row and the row scales.
@@ -60,21 +77,24 @@ struct DecodePolicy {
   static constexpr int kEpiBytes = 2 * kRows * kOStride * 4;
   static constexpr int kStatBytes = (2 * kWarps * kRows + kRows) * 4;
   static constexpr int kMaxStages = 8;
-  static constexpr int kBarrierBytes = kWarps * kMaxStages * 8;
+  static constexpr int kBarrierBytes = 2 * kWarps * kMaxStages * 8;  // full; the ring's empty
   // Stages per warp: as many as the SM's shared memory holds (eight warps: 3 at D = 64
   // and D = 128, 192 KB of K / V per SM).
   static constexpr int kStagesFit =
-      (227 * 1024 - 1024 - kEpiBytes - kStatBytes - kBarrierBytes) / (kWarps * kStageBytes);
+      (227 * 1024 - 1024 - kEpiBytes - kStatBytes - kBarrierBytes) / (kRings * kStageBytes);
   static constexpr int kStages = PAGEDMHA_DECODE_SM90_STAGES > 0 ? PAGEDMHA_DECODE_SM90_STAGES
                                  : kStagesFit < kMaxStages      ? kStagesFit
                                                                 : kMaxStages;
   static constexpr int kSmemBytes =
-      1024 /* alignment */ + kWarps * kStages * kStageBytes + kEpiBytes + kStatBytes + kBarrierBytes;
+      1024 /* alignment */ + kRings * kStages * kStageBytes + kEpiBytes + kStatBytes + kBarrierBytes;
 
   static_assert(D == 64 || D == 128, "head dims of the Hopper decode (D = 256 stays portable)");
   static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
   static_assert(kWarps % 2 == 0 && kWarps <= 8, "warp pairs in the epilogue");
   static_assert(kStages >= 2 && kStages <= kMaxStages, "stages");
+  // The ring's producer: one lane per (box, panel) of a stage, boxes of at least 8 keys
+  // (paged_kv.cuh kv_tma_ok).
+  static_assert(!kRing || kTileKeys / 8 * kPanels <= 32, "one lane per box of a stage");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
