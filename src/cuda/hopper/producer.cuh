@@ -164,7 +164,9 @@ struct Producer {
     // Row r of the tile: token r / pack, head head0 + r % pack; rows past the tile's
     // tokens are zero.
     const char* q = static_cast<const char*>(p.a.q);
-    if (!p.a.q_fp8 && std::is_same<M, T>::value) {
+    if (!p.a.q_fp8) {
+      // 16-bit queries; of another type than the GEMMs' (bf16 for fp8 KV's fp16 GEMMs)
+      // they are converted in place once every thread's copies have landed.
 #pragma unroll 1
       for (int idx = tid; idx < BM * kChunks; idx += 128) {
         const int r = idx / kChunks, c = idx % kChunks;
@@ -176,8 +178,17 @@ struct Producer {
         }
         cp_async_16(smem_addr(q_smem + tile_offset(BM, r, c)), src, valid);
       }
-      cp_async_arrive(full);
-    } else if (p.a.q_fp8) {
+      if constexpr (std::is_same<M, T>::value) {
+        cp_async_arrive(full);
+      } else {
+        cp_async_commit();
+        cp_async_wait<0>();
+        named_sync(kBarProducer + role, 128);  // every thread's chunks have landed
+        convert_q_in_place(slot);
+        fence_async_smem();
+        arrive(full);
+      }
+    } else {
       // fp8 e4m3 queries: 16 values per load, converted exactly to M.
 #pragma unroll 1
       for (int idx = tid; idx < BM * (D / 16); idx += 128) {
@@ -193,46 +204,17 @@ struct Producer {
       }
       fence_async_smem();
       arrive(full);
-    } else if constexpr (!std::is_same<M, T>::value) {
-      // 16-bit queries of another type than the GEMMs' (bf16 into fp16 for fp8 KV): 8
-      // values per load, groups of kGroup loads in flight (one at a time, the tile's
-      // 8-32 loads per thread were a serial chain of global latencies per item).
-      static_assert(std::is_same<T, __nv_bfloat16>::value && std::is_same<M, __half>::value, "bf16 into fp16");
-      constexpr int kPerThread = BM * kChunks / 128, kGroup = 2;
-      static_assert(BM * kChunks % 128 == 0 && kPerThread % kGroup == 0, "whole groups");
-#pragma unroll 1
-      for (int g = 0; g < kPerThread; g += kGroup) {
-        uint4 in[kGroup];
-#pragma unroll
-        for (int u = 0; u < kGroup; ++u) {
-          const int idx = tid + (g + u) * 128;
-          const int r = idx / kChunks, c = idx % kChunks;
-          const int tok = r / p.pack;
-          in[u] = make_uint4(0, 0, 0, 0);
-          if (r < rows && tok < t.n_tok) {
-            in[u] = __ldg(reinterpret_cast<const uint4*>(q + q_offset(t, tok, r) * 2 + c * 16));
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kGroup; ++u) {
-          const int idx = tid + (g + u) * 128;
-          sts128(smem_addr(q_smem + tile_offset(BM, idx / kChunks, idx % kChunks)), bf16x8_to_half_sat(in[u]));
-        }
-      }
-      fence_async_smem();
-      arrive(full);
     }
   }
 
-  /// A bf16 query tile loaded by TMA into slot `slot` (q_convert) into fp16 in place,
-  /// each 16-byte chunk onto itself (saturating past fp16's range: docs/semantics.md),
-  /// two chunks in flight per thread. Rows past the tile's tokens (other rows of q, TMA's
-  /// zeros, or what the slot held when pack does not divide BM) are never written out,
-  /// and each output row reads only its own query row.
-  /// Only bf16 -> fp16 converts (launch.cuh asserts q_convert means that pair).
-  __device__ void finish_q(int slot, uint32_t phase) const {
+  /// The bf16 query tile in slot `slot` into fp16 in place, each 16-byte chunk onto
+  /// itself (saturating past fp16's range: docs/semantics.md), two chunks in flight per
+  /// thread. Rows past the tile's tokens (other rows of q, zeros, or what the slot held
+  /// when pack does not divide BM) are converted but never written out, and each output
+  /// row reads only its own query row. Only bf16 -> fp16 converts (launch.cuh asserts
+  /// q_convert means that pair).
+  __device__ void convert_q_in_place(int slot) const {
     if constexpr (std::is_same<T, __nv_bfloat16>::value && std::is_same<M, __half>::value) {
-      wait(sm.q_land(slot), phase);
       const uint32_t q_smem = smem_addr(sm.q(slot));
       constexpr int kPerThread = BM * kChunks / 128, kGroup = 2;
       static_assert(BM * kChunks % 128 == 0 && kPerThread % kGroup == 0, "whole groups");
@@ -244,9 +226,16 @@ struct Producer {
 #pragma unroll
         for (int u = 0; u < kGroup; ++u) sts128(q_smem + (tid + (g + u) * 128) * 16, bf16x8_to_half_sat(v[u]));
       }
-      fence_async_smem();
-      arrive(sm.q_full(slot));
     }
+  }
+
+  /// A bf16 query tile loaded by TMA into slot `slot` (q_convert), once landed, into
+  /// fp16 (convert_q_in_place).
+  __device__ void finish_q(int slot, uint32_t phase) const {
+    wait(sm.q_land(slot), phase);
+    convert_q_in_place(slot);
+    fence_async_smem();
+    arrive(sm.q_full(slot));
   }
 
   // ---- TMA (all four warps share a tile's boxes) ---------------------------------------

@@ -100,6 +100,18 @@ TEST(GpuPrefill, Fp8CacheAndHnd) {
         c.layout = layout;
         check_case(c);
       }
+      // One query row with row stride 0 (legal for a dimension of size 1): Q cannot go by
+      // TMA, so the producer copies it with cp.async and converts a bf16 one in place.
+      AttnCase c = gpu_case(/*decode=*/false);
+      c.kv_lens = {300};
+      c.q_lens = {1};
+      c.D = D;
+      c.q_dtype = q;
+      c.kv_dtype = DType::fp8_e4m3;
+      c.k_scale = 0.37, c.v_scale = 2.5;
+      c.q_layout = RowLayout::degenerate;
+      c.seed = 2300 + i++;
+      check_case(c);
     }
   }
 }
