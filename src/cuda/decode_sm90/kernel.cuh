@@ -242,7 +242,7 @@ struct DecodeWarp {
 
   __device__ void run() {
     const AttentionArgs& a = p.a;
-    const DeviceVariant var{a};
+    const DeviceVariant<> var{a};
     LoadStream<Pol> ls;
     if constexpr (!Pol::kRing) {
       ls.start(a, p.geo, blockIdx.x, gridDim.x, warp);

@@ -10,8 +10,12 @@
 namespace pagedmha::cuda::sm90 {
 
 /// The attention variant on the device: docs/semantics.md section 1 through MaskVariant
-/// (visible keys) plus the logits transform and the sink. Runtime fields; a variant with
-/// compile-time flags (FA3's Is_causal / Has_softcap) can replace it where that pays.
+/// (visible keys) plus the logits transform and the sink. Runtime fields, and one
+/// compile-time flag (as FA3's Has_softcap): kMayCap = false holds no soft-cap code, for
+/// launches whose cap_log2 <= 0 (the launcher checks). The soft-cap's ex2 / rcp and its
+/// branch in every KV tile's softmax cost the Hopper prefill 2-4% at D = 64 where no model
+/// uses it (H200, 2026-12-03: docs/perf-notes/prefill-sm90.md).
+template <bool kMayCap = true>
 struct DeviceVariant {
   const AttentionArgs& a;
 
@@ -27,13 +31,15 @@ struct DeviceVariant {
   /// partials keep the product rounded before the reference is subtracted).
   template <bool kFold = true, int NS>
   __device__ __forceinline__ float transform(float (&s)[NS][4]) const {
-    if (a.cap_log2 > 0.0f) {
+    if constexpr (kMayCap) {
+      if (a.cap_log2 > 0.0f) {
 #pragma unroll
-      for (int i = 0; i < NS; ++i) {
+        for (int i = 0; i < NS; ++i) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[i][e] = a.cap_log2 * tanh_fast(s[i][e] * a.cap_inner);
+          for (int e = 0; e < 4; ++e) s[i][e] = a.cap_log2 * tanh_fast(s[i][e] * a.cap_inner);
+        }
+        return 1.0f;
       }
-      return 1.0f;
     }
     if (kFold && a.logit_scale_log2 > 0.0f) return a.logit_scale_log2;
 #pragma unroll

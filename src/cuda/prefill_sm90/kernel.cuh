@@ -16,7 +16,8 @@
 
 namespace pagedmha::cuda::sm90 {
 
-template <class Pol, class T, class KV>
+/// Variant: DeviceVariant<true>, or <false> where no soft-cap is set.
+template <class Pol, class T, class KV, class Variant>
 __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_constant__ Sm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ char smem_raw[];
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Pol::kConsumerRegs>();
-    Consumer<Pol, T, DeviceVariant>{p, sm, warpgroup_index() - Pol::kProducerWarpgroups, tid % 128}.run();
+    Consumer<Pol, T, Variant>{p, sm, warpgroup_index() - Pol::kProducerWarpgroups, tid % 128}.run();
   }
   // No CTA leaves while its peer may still arrive on its barriers.
   if (p.cluster > 1) {
@@ -76,9 +77,9 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
 }
 
 /// Persistent launch: `grid` CTAs (a multiple of `cluster`), clusters of `cluster`.
-template <class Pol, class T, class KV>
+template <class Pol, class T, class KV, class Variant>
 void launch_prefill_kernel(const Sm90Params& p, int grid, cudaStream_t stream) {
-  auto* kernel = prefill_kernel<Pol, T, KV>;
+  auto* kernel = prefill_kernel<Pol, T, KV, Variant>;
   PAGEDMHA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Pol::kSmemBytes));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
@@ -97,10 +98,10 @@ void launch_prefill_kernel(const Sm90Params& p, int grid, cudaStream_t stream) {
 
 /// CTAs of the persistent grid: one per SM, or, in clusters of two, as many as can be
 /// resident at once (clusters live inside one GPC; cudaOccupancyMaxActiveClusters).
-template <class Pol, class T, class KV>
+template <class Pol, class T, class KV, class Variant>
 int persistent_grid(int cluster, int num_sms) {
   if (cluster == 1) return num_sms;
-  auto* kernel = prefill_kernel<Pol, T, KV>;
+  auto* kernel = prefill_kernel<Pol, T, KV, Variant>;
   PAGEDMHA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Pol::kSmemBytes));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(num_sms));

@@ -17,13 +17,13 @@
 
 namespace pagedmha::cuda::sm90 {
 
-template <class Pol, class T, class KV>
+template <class Pol, class T, class KV, class Variant>
 void launch_persistent(const Sm90Params& p, int device, int num_sms, cudaStream_t stream) {
   static int grids[2][64] = {};  // per cluster size and device, computed once
   int& grid = grids[p.cluster - 1][device & 63];
-  if (grid == 0) grid = persistent_grid<Pol, T, KV>(p.cluster, num_sms);
+  if (grid == 0) grid = persistent_grid<Pol, T, KV, Variant>(p.cluster, num_sms);
   if (grid == 0) throw Error("batch_prefill: no cluster of " + std::to_string(p.cluster) + " CTAs fits this device");
-  launch_prefill_kernel<Pol, T, KV>(p, grid, stream);
+  launch_prefill_kernel<Pol, T, KV, Variant>(p, grid, stream);
 }
 
 /// The plan and the persistent launch of one policy (the K / V load path is decided).
@@ -69,7 +69,12 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
     const uint32_t box[3] = {64, uint32_t(p.pack), uint32_t(p.space.tokens)};
     p.tma_q = encode_tensor_map(&p.tm_q, tensor_map_dtype<T>(), 3, a.q, dims, strides, box);
   }
-  launch_persistent<Pol, T, KV>(p, prob.device.index, num_sms, stream);
+  // The soft-cap's code only where a soft-cap is set (device_variant.cuh).
+  if (a.cap_log2 > 0.0f) {
+    launch_persistent<Pol, T, KV, DeviceVariant<true>>(p, prob.device.index, num_sms, stream);
+  } else {
+    launch_persistent<Pol, T, KV, DeviceVariant<false>>(p, prob.device.index, num_sms, stream);
+  }
 }
 
 template <int D, class T, class KV>
