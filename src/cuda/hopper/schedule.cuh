@@ -90,7 +90,7 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0,
 template <int kThreads, int kBuckets>
 __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char* workspace) {
   constexpr int kMaxGroups = 128;
-  static_assert(kBuckets % kMaxGroups == 0 && kMaxGroups <= kThreads, "buckets per group; one thread per group");
+  static_assert(kBuckets % kMaxGroups == 0, "buckets per group");
   using Scan = cub::BlockScan<int, kThreads>;
   using Scan64 = cub::BlockScan<int64_t, kThreads>;
   __shared__ union {
@@ -163,7 +163,8 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
     if (tid == 0) carry_keys += ktotal;
     __syncthreads();
   }
-  const int groups = (s.batch > 0 ? group_rank[0] : 0) + 1;  // ids 0 .. groups - 1 (some may hold no tile)
+  const int groups = (s.batch > 0 ? group_rank[0] : 0) + 1;  // ids in use: 0 .. groups - 1
+  const int per_group = kBuckets / groups;  // buckets of each group (>= kBuckets / kMaxGroups)
   __syncthreads();
 
   // Tile i -> (b, m) by a binary search of the prefix; its group and KV-tile count.
@@ -200,11 +201,6 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
     for (int h = 0; h < groups; ++h) r += group_cost[h] > group_cost[tid] || (group_cost[h] == group_cost[tid] && h < tid);
     group_rank[tid] = r;
   }
-  // Buckets per group with tiles (they rank first; ids a large request skipped, or a
-  // trailing request without queries, hold none and take no buckets).
-  int filled = 0;
-  for (int h = 0; h < groups; ++h) filled += group_cost[h] >= 0;
-  const int per_group = kBuckets / (filled > 0 ? filled : 1);
   __syncthreads();
   // Bucket: the group's rank, then most KV tiles first (longer ones share its first bucket).
   const auto key = [&](int i, int& b, int& m) {

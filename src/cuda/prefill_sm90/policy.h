@@ -265,9 +265,8 @@ struct PlanLayout {
 constexpr int64_t kL2GroupBytes = int64_t{24} << 20;
 
 /// Cost buckets of the longest-first tile order (KV tiles a query tile reads; longer
-/// ones share the last bucket), shared by the L2 groups. The plan's one CTA: 512 threads
-/// (at 1024 ptxas's 64-register cap spilled the L2 groups' bookkeeping).
+/// ones share the last bucket).
 constexpr int kPlanBuckets = 2048;
-constexpr int kPlanThreads = 512;
+constexpr int kPlanThreads = 1024;
 
 }  // namespace pagedmha::cuda::sm90
