@@ -24,7 +24,6 @@ struct TileSpace {
   int block_n;       // keys per KV tile (a power of two)
   int block_n_shift;  // log2(block_n)
   MaskVariant mask;
-  int64_t group_keys;  // KV keys (of every KV head) per L2 group of requests (policy.h kL2GroupBytes)
 };
 
 /// KV tiles [begin, end) that a query tile reads, and the keys every one of its rows sees
@@ -73,47 +72,27 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0,
 }
 
 /// One CTA of kPlanThreads: tiles per request, their prefix, then a counting sort of all
-/// tiles written as plan entries: int4 {b, q_row0, rest, L}, request b, the q / out row of
-/// the tile's first token, the request's query tokens from that token on (> 0) and its KV
-/// length (>= 0). Everything an item needs of its request, so that the kernels read one
-/// 16-byte entry per item and nothing that depends on it (cu_seqlens_q, seq_lens; the
-/// consumers had waited out two dependent global round trips at every item: ncu, H200
-/// 2026-12-03 s10run3, 16 x 1k).
-///
-/// The order: consecutive requests form L2 groups of about s.group_keys KV keys (at most
-/// kMaxGroups groups); the groups run one after the other, the one with the longest tile
-/// first, and inside a group its tiles run longest first (bucketed by KV-tile count;
-/// order within a bucket is free: every tile is computed whole by one CTA, so the result
-/// does not depend on the order). The CTAs then share each group's K / V in L2, where
-/// longest first across the whole batch spread them over every request's K / V at once
-/// (ncu, H200 2026-12-03 s11run2, gemma 4 x 4k: L2 hit rate 42%, consumers waiting on V).
+/// tiles by descending KV-tile count (bucketed; order within a bucket is free: every tile
+/// is computed whole by one CTA, so the result does not depend on it), written as plan
+/// entries: int4 {b, q_row0, rest, L}, request b, the q / out row of the tile's first
+/// token, the request's query tokens from that token on (> 0) and its KV length (>= 0).
+/// Everything an item needs of its request, so that the kernels read one 16-byte entry
+/// per item and nothing that depends on it (cu_seqlens_q, seq_lens; the consumers had
+/// waited out two dependent global round trips at every item: ncu, H200 2026-12-03
+/// s10run3, 16 x 1k).
 template <int kThreads, int kBuckets>
 __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char* workspace) {
-  constexpr int kMaxGroups = 128;
-  static_assert(kBuckets % kMaxGroups == 0, "buckets per group");
   using Scan = cub::BlockScan<int, kThreads>;
-  using Scan64 = cub::BlockScan<int64_t, kThreads>;
-  __shared__ union {
-    typename Scan::TempStorage i32;
-    typename Scan64::TempStorage i64;
-  } scan_tmp;
+  __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int bucket[kBuckets];
-  __shared__ int group_start[kMaxGroups + 1];  // first request of each group (batch: empty)
-  __shared__ int group_cost[kMaxGroups];       // its longest tile's KV tiles (-1: empty)
-  __shared__ int group_rank[kMaxGroups];
-  __shared__ int chunk_group[kThreads];
   __shared__ int carry;
-  __shared__ int64_t carry_keys;
   int* count = reinterpret_cast<int*>(workspace);
   int* prefix = reinterpret_cast<int*>(workspace + PlanLayout::prefix_offset());
   int4* list = reinterpret_cast<int4*>(workspace + PlanLayout::list_offset(s.batch));
   const int tid = threadIdx.x;
-  const auto kv_len = [&](int b) { return s.seq_lens[b] > 0 ? s.seq_lens[b] : 0; };
 
-  // 1. prefix[b] = tiles of requests before b; the KV keys of requests with tiles.
-  if (tid == 0) carry = 0, carry_keys = 0;
-  for (int g = tid; g <= kMaxGroups; g += kThreads) group_start[g] = g == 0 ? 0 : s.batch;
-  for (int g = tid; g < kMaxGroups; g += kThreads) group_cost[g] = -1;
+  // 1. prefix[b] = tiles of requests before b.
+  if (tid == 0) carry = 0;
   __syncthreads();
   for (int base = 0; base < s.batch; base += kThreads) {
     const int b = base + tid;
@@ -122,53 +101,20 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
       const int n = s.cu_seqlens_q[b + 1] - s.cu_seqlens_q[b];
       tiles = n > 0 ? (n + s.tokens - 1) / s.tokens : 0;
     }
-    const int64_t keys = tiles > 0 ? kv_len(b) : 0;
     int excl, total;
-    Scan(scan_tmp.i32).ExclusiveSum(tiles, excl, total);
+    Scan(scan_tmp).ExclusiveSum(tiles, excl, total);
     if (b < s.batch) prefix[b] = carry + excl;
     __syncthreads();
-    int64_t kexcl, ktotal;
-    Scan64(scan_tmp.i64).ExclusiveSum(keys, kexcl, ktotal);
-    __syncthreads();
-    if (tid == 0) carry += total, carry_keys += ktotal;
+    if (tid == 0) carry += total;
     __syncthreads();
   }
   const int total = carry;
   if (tid == 0) prefix[s.batch] = total;
-  // 2. Groups: request b joins group (its keys' offset) / per, at most kMaxGroups.
-  const int64_t all_keys = carry_keys;
-  const int64_t per = s.group_keys > (all_keys + kMaxGroups - 1) / kMaxGroups ? s.group_keys
-                                                                              : (all_keys + kMaxGroups - 1) / kMaxGroups;
-  __syncthreads();
-  if (tid == 0) carry_keys = 0;
-  __syncthreads();
-  for (int base = 0; base < s.batch; base += kThreads) {
-    const int b = base + tid;
-    int64_t keys = 0;
-    if (b < s.batch && s.cu_seqlens_q[b + 1] > s.cu_seqlens_q[b]) keys = kv_len(b);
-    int64_t kexcl, ktotal;
-    Scan64(scan_tmp.i64).ExclusiveSum(keys, kexcl, ktotal);
-    const int64_t at = carry_keys + kexcl;
-    const int g = static_cast<int>(per > 0 && at / per < kMaxGroups - 1 ? at / per : (per > 0 ? kMaxGroups - 1 : 0));
-    chunk_group[tid] = g;
-    __syncthreads();
-    if (b < s.batch) {
-      // Group ids do not decrease with b: b starts groups (its predecessor's, g].
-      const int before = tid > 0 ? chunk_group[tid - 1] : (b > 0 ? group_rank[0] : 0);
-      for (int h = before + 1; h <= g; ++h) group_start[h] = b;
-    }
-    __syncthreads();
-    const int last = s.batch - base < kThreads ? s.batch - base - 1 : kThreads - 1;
-    if (tid == last) group_rank[0] = g;  // the chunk's last request's group, for the next chunk
-    if (tid == 0) carry_keys += ktotal;
-    __syncthreads();
-  }
-  const int groups = (s.batch > 0 ? group_rank[0] : 0) + 1;  // ids in use: 0 .. groups - 1
-  const int per_group = kBuckets / groups;  // buckets of each group (>= kBuckets / kMaxGroups)
+  for (int i = tid; i < kBuckets; i += kThreads) bucket[i] = 0;
   __syncthreads();
 
-  // Tile i -> (b, m) by a binary search of the prefix; its group and KV-tile count.
-  auto locate = [&](int i, int& b, int& m, int& g) {
+  // Tile i -> (b, m) by a binary search of the prefix; its bucket (0 = most KV tiles).
+  auto locate = [&](int i, int& b, int& m) {
     int lo = 0, hi = s.batch - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
@@ -176,42 +122,17 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
     }
     b = lo;
     m = i - prefix[b];
-    lo = 0, hi = groups - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (group_start[mid] <= b) lo = mid; else hi = mid - 1;
-    }
-    g = lo;
     const int n = s.cu_seqlens_q[b + 1] - s.cu_seqlens_q[b];
-    const int L = kv_len(b);
+    const int L = s.seq_lens[b] > 0 ? s.seq_lens[b] : 0;
     const int rest = n - m * s.tokens;
     const TileKeys k = tile_keys(s, L, L - rest, rest < s.tokens ? rest : s.tokens);
-    return k.end - k.begin;
+    const int cost = k.end - k.begin;
+    return kBuckets - 1 - (cost < kBuckets - 1 ? cost : kBuckets - 1);
   };
-  // 3. Each group's longest tile, then the groups' ranks (longest first, then by id).
-  for (int i = tid; i < total; i += kThreads) {
-    int b, m, g;
-    const int cost = locate(i, b, m, g);
-    atomicMax(&group_cost[g], cost);
-  }
-  for (int i = tid; i < kBuckets; i += kThreads) bucket[i] = 0;
-  __syncthreads();
-  if (tid < groups) {
-    int r = 0;
-    for (int h = 0; h < groups; ++h) r += group_cost[h] > group_cost[tid] || (group_cost[h] == group_cost[tid] && h < tid);
-    group_rank[tid] = r;
-  }
-  __syncthreads();
-  // Bucket: the group's rank, then most KV tiles first (longer ones share its first bucket).
-  const auto key = [&](int i, int& b, int& m) {
-    int g;
-    const int cost = locate(i, b, m, g);
-    return group_rank[g] * per_group + per_group - 1 - (cost < per_group - 1 ? cost : per_group - 1);
-  };
-  // 4. histogram, 5. bucket offsets, 6. scatter.
+  // 2. histogram, 3. bucket offsets, 4. scatter.
   for (int i = tid; i < total; i += kThreads) {
     int b, m;
-    atomicAdd(&bucket[key(i, b, m)], 1);
+    atomicAdd(&bucket[locate(i, b, m)], 1);
   }
   __syncthreads();
   constexpr int kPer = kBuckets / kThreads;
@@ -220,15 +141,16 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
 #pragma unroll
   for (int j = 0; j < kPer; ++j) v[j] = bucket[tid * kPer + j];
   __syncthreads();
-  Scan(scan_tmp.i32).ExclusiveSum(v, v);
+  Scan(scan_tmp).ExclusiveSum(v, v);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) bucket[tid * kPer + j] = v[j];
   __syncthreads();
   for (int i = tid; i < total; i += kThreads) {
     int b, m;
-    const int k = key(i, b, m);
+    const int key = locate(i, b, m);
     const int q0 = s.cu_seqlens_q[b], n = s.cu_seqlens_q[b + 1] - q0;
-    list[atomicAdd(&bucket[k], 1)] = make_int4(b, q0 + m * s.tokens, n - m * s.tokens, kv_len(b));
+    list[atomicAdd(&bucket[key], 1)] =
+        make_int4(b, q0 + m * s.tokens, n - m * s.tokens, s.seq_lens[b] > 0 ? s.seq_lens[b] : 0);
   }
   if (tid == 0) *count = total;
 }

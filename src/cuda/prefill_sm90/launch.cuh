@@ -46,8 +46,6 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   p.space.block_n_shift = PageGeometry::log2_exact(Pol::kBlockN);
   static_assert((Pol::kBlockN & (Pol::kBlockN - 1)) == 0, "KV tiles of a power of two keys");
   p.space.mask = prob.mask();
-  const int64_t key_bytes = int64_t{a.num_kv_heads} * D * (kFp8 ? 1 : 2) * 2;  // K and V of every KV head
-  p.space.group_keys = kL2GroupBytes / key_bytes > 0 ? kL2GroupBytes / key_bytes : 1;
   p.item_div = {cutlass::FastDivmod(a.num_kv_heads * (p.head_groups / p.cluster)),
                 cutlass::FastDivmod(p.head_groups / p.cluster)};
   p.pack_div = cutlass::FastDivmod(p.pack);

@@ -258,12 +258,6 @@ struct PlanLayout {
   PAGEDMHA_HD static int64_t bytes(int64_t batch, int64_t total_q) { return list_offset(batch) + 16 * (total_q + batch); }
 };
 
-/// K / V bytes (all KV heads) of the requests whose tiles run together (schedule.cuh
-/// plan_kernel's L2 groups): under half the H200's 60 MB L2, so a group's K / V stays
-/// there while the CTAs walk its tiles; one 4k request of llama3-8b (16 MB) or gemma
-/// (32 MB: its own group), six of 1k.
-constexpr int64_t kL2GroupBytes = int64_t{24} << 20;
-
 /// Cost buckets of the longest-first tile order (KV tiles a query tile reads; longer
 /// ones share the last bucket).
 constexpr int kPlanBuckets = 2048;
