@@ -120,6 +120,7 @@ const Shape kShapes[] = {
     {"gemma", 16, 8, 256, 16, 1024, 16},     {"gpt-oss", 64, 8, 64, 1, 16384, 16, true},
     {"gpt-oss", 64, 8, 64, 4, 4096, 16, true},      {"llama3-8b", 32, 8, 128, 4, 4096, 1},
     {"gpt-oss-tp8", 8, 1, 64, 2, 8192, 16, true},   // one TP-8 rank (the Mooncake replay's extends)
+    {"gemma", 16, 8, 256, 1, 16384, 16},     // 15
 };
 
 }  // namespace
