@@ -50,8 +50,10 @@ struct DecodePolicy {
   // (64 KB of K and V), one full barrier and one empty barrier (kWarps arrivals) per
   // stage, the boxes of a stage issued by its lanes in parallel, page ids a stage ahead;
   // consumer warp w reads keys [w KW, w KW + KW) of every stage of an item. A producer
-  // warp issuing every warp's 16-key tiles one at a time lost 20-35% (3524b1d:
-  // docs/perf-notes/decode.md).
+  // warp issuing every warp's 16-key tiles one at a time lost 20-35% (3524b1d); the ring
+  // beats the per-warp streams everywhere (+3 to +39%) and the portable decode on large
+  // items only (gpt-oss +5-9%; windows -28%, the TP-8 rank -6 to -11%: H200 s11run1,
+  // docs/perf-notes/decode.md), so it stays off.
   static constexpr bool kRing = PAGEDMHA_DECODE_SM90_RING != 0;
   static constexpr int kConsumerThreads = 32 * kWarps;
   static constexpr int kThreads = kConsumerThreads + (kRing ? 32 : 0);

@@ -12,9 +12,10 @@ namespace pagedmha::cuda::sm90 {
 /// The attention variant on the device: docs/semantics.md section 1 through MaskVariant
 /// (visible keys) plus the logits transform and the sink. Runtime fields, and one
 /// compile-time flag (as FA3's Has_softcap): kMayCap = false holds no soft-cap code, for
-/// launches whose cap_log2 <= 0 (the launcher checks). The soft-cap's ex2 / rcp and its
-/// branch in every KV tile's softmax cost the Hopper prefill 2-4% at D = 64 where no model
-/// uses it (H200, 2026-12-03: docs/perf-notes/prefill-sm90.md).
+/// launches whose cap_log2 <= 0 (the launcher checks). Without the soft-cap's ex2 / rcp
+/// and its branch in every KV tile's softmax the Hopper prefill ran 5-10% faster at
+/// D = 256, 1-2% at D = 64 and 0-1% at D = 128 (H200, 2026-12-03 s11run2:
+/// docs/perf-notes/prefill-sm90-schedule.md).
 template <bool kMayCap = true>
 struct DeviceVariant {
   const AttentionArgs& a;
