@@ -279,27 +279,67 @@ struct Consumer {
   }
 
   /// Direct output: o = acc * scale (sink counted once, empty rows 0), lse in natural log.
+  /// The four threads of a row hold 4-byte column pairs (8 i + 2 t4). With Pol::kOut16 a
+  /// transpose inside the quad (quad_transpose) gives thread t4 the 16 contiguous bytes of
+  /// columns [8 i, 8 i + 8) for i = 4 c + t4, and each row is written in 16-byte stores
+  /// that fill whole 32-byte sectors (batch_prefill checks that out is 16-byte aligned
+  /// with 16-byte multiple strides: ops.cpp aligned16; a dimension of size 1 is only ever
+  /// indexed at 0).
   __device__ void epilogue(const Variant& var, const OutRows& t, const float (&o)[D / 8][4], SoftmaxRows& smx) const {
     smx.finish();
     const int t4 = ltid & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       int head_off;
-      const int tok = row_token(t.n_tok, h, head_off);
-      if (tok < 0) continue;
+      const int tok = row_token(t.n_tok, h, head_off);  // the same for the row's four threads
+      if constexpr (!Pol::kOut16) {
+        if (tok < 0) continue;
+      }
       const int head = t.head0 + head_off;
-      float scale, lse;
-      finalize_softmax(smx.m[h], smx.l[h], var.sink_log2(head), p.a.bmm2_scale, scale, lse);
+      float scale = 0.0f, lse = 0.0f;
+      if (tok >= 0) finalize_softmax(smx.m[h], smx.l[h], var.sink_log2(head), p.a.bmm2_scale, scale, lse);
+      uint32_t w[D / 8];
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) w[i] = pack2<T>(o[i][2 * h] * scale, o[i][2 * h + 1] * scale);
+      if constexpr (Pol::kOut16) {
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) quad_transpose(w + 4 * c, t4);  // every lane: shuffles
+        if (tok < 0) continue;
+      }
       const int64_t q_row = int64_t{t.q_row0} + tok;
       T* out = static_cast<T*>(p.a.out) + q_row * p.a.out_row_stride + int64_t{head} * p.a.out_head_stride;
+      if constexpr (Pol::kOut16) {
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t4) = pack2<T>(o[i][2 * h] * scale, o[i][2 * h + 1] * scale);
+        for (int c = 0; c < D / 32; ++c) {
+          *reinterpret_cast<uint4*>(out + 8 * (4 * c + t4)) = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) *reinterpret_cast<uint32_t*>(out + 8 * i + 2 * t4) = w[i];
       }
       if (t4 == 0 && p.a.lse != nullptr) {
         p.a.lse[q_row * p.a.lse_row_stride + int64_t{head} * p.a.lse_head_stride] = lse;
       }
     }
+  }
+
+  /// 4 x 4 transpose of 32-bit words across the quad's threads: on entry thread t holds
+  /// x[j] = word t of column group j (columns 8 j + 2 t, 8 j + 2 t + 1), on return word j
+  /// of group t. Two butterfly stages (lane bit 1, then bit 0), two shuffles each.
+  __device__ static void quad_transpose(uint32_t* x, int t) {
+    const bool t1 = (t & 2) != 0, t0 = (t & 1) != 0;
+    // Stage 1: rows with the partner's bit 1. c[k1][j0] = word (k1, t0) of group (t1, j0).
+    const uint32_t y0 = __shfl_xor_sync(0xffffffffu, t1 ? x[0] : x[2], 2);
+    const uint32_t y1 = __shfl_xor_sync(0xffffffffu, t1 ? x[1] : x[3], 2);
+    const uint32_t c00 = t1 ? y0 : x[0], c01 = t1 ? y1 : x[1];
+    const uint32_t c10 = t1 ? x[2] : y0, c11 = t1 ? x[3] : y1;
+    // Stage 2: the partner's bit 0. Word (k1, k0) of group t.
+    const uint32_t z0 = __shfl_xor_sync(0xffffffffu, t0 ? c00 : c01, 1);
+    const uint32_t z1 = __shfl_xor_sync(0xffffffffu, t0 ? c10 : c11, 1);
+    x[0] = t0 ? z0 : c00;
+    x[1] = t0 ? c01 : z0;
+    x[2] = t0 ? z1 : c10;
+    x[3] = t0 ? c11 : z1;
   }
 };
 

@@ -177,6 +177,15 @@ struct PrefillPolicy {
   // ranges. PAGEDMHA_SM90_FTZ=0 restores the plain ex2 (experiment).
   static constexpr bool kFtzExp2 = PAGEDMHA_SM90_FTZ != 0;
 
+  // The epilogue writes o rows in 16-byte stores after a transpose inside each quad
+  // (consumer.cuh epilogue), where 4-byte stores left half of every 32-byte sector empty
+  // and their count (D / 4 per thread and item) held the consumers at each item's end:
+  // +11.5% at gemma 16 x 1k, +4.6% at 4 x 4k, +2.8% at llama3-8b 16 x 1k, +1.1% fp8 4 x 4k,
+  // llama3-8b 1 x 16k and 4 x 4k within -1%. Not at D = 64, whose three warpgroups lost
+  // 2.6% at gpt-oss 4 x 4k (16 x 1k equal): there the transpose's two shuffle stages sit
+  // on the path of the item's last P V, for stores that were few anyway (medians of three
+  // rounds, H200 2026-12-03 s12run2: docs/perf-notes/prefill-sm90-schedule.md section 5).
+  static constexpr bool kOut16 = D >= 128;
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;  // one K or V stage (16-bit)
   static constexpr int kRawBytes = kBlockN * D;       // one fp8 staging slot
