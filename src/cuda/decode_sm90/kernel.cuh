@@ -517,7 +517,7 @@ struct DecodeRingProducer {
 };
 
 template <int D, class T>
-__global__ void __launch_bounds__(DecodePolicy<D>::kThreads, 1) decode_sm90_kernel(const __grid_constant__ DecodeSm90Params p) {
+__global__ void __launch_bounds__(DecodePolicy<D>::kThreads, DecodePolicy<D>::kCtasPerSm) decode_sm90_kernel(const __grid_constant__ DecodeSm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Pol = DecodePolicy<D>;
   extern __shared__ char smem_raw[];

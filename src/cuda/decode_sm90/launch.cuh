@@ -47,7 +47,7 @@ bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& args,
   });
   const int max_count = p.a.forced_splits > 0 ? p.a.forced_splits : p.a.max_splits;
   const int64_t max_items = static_cast<int64_t>(p.a.batch) * p.a.num_kv_heads * max_count;
-  const int grid = static_cast<int>(std::min<int64_t>(max_items, sm_count));
+  const int grid = static_cast<int>(std::min<int64_t>(max_items, int64_t{sm_count} * Pol::kCtasPerSm));
   if (grid == 0) return true;  // no request
   decode_sm90_kernel<D, T><<<grid, Pol::kThreads, Pol::kSmemBytes, stream>>>(p);
   PAGEDMHA_CUDA_CHECK_LAUNCH();

@@ -12,7 +12,8 @@
 // PAGEDMHA_DECODE_SM90_WARPS=w warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per warp
 // tile, PAGEDMHA_DECODE_SM90_STAGES=s stages (per warp, or of the ring),
 // PAGEDMHA_DECODE_SM90_RING=1 one ring of kWarps x KW-key stages that a producer warp
-// fills and every consumer warp reads its KW-key slice of.
+// fills and every consumer warp reads its KW-key slice of, PAGEDMHA_DECODE_SM90_CTAS=c
+// c CTAs per SM (each with 1 / c of the shared memory; with c = 2 four warps each).
 #ifndef PAGEDMHA_DECODE_SM90_WARPS
 #define PAGEDMHA_DECODE_SM90_WARPS 8
 #endif
@@ -24,6 +25,9 @@
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_RING
 #define PAGEDMHA_DECODE_SM90_RING 0
+#endif
+#ifndef PAGEDMHA_DECODE_SM90_CTAS
+#define PAGEDMHA_DECODE_SM90_CTAS 1
 #endif
 #ifndef PAGEDMHA_DECODE_SM90
 #define PAGEDMHA_DECODE_SM90 0
@@ -55,6 +59,12 @@ struct DecodePolicy {
   // items only (gpt-oss +5-9%; windows -28%, the TP-8 rank -6 to -11%: H200 s11run1,
   // docs/perf-notes/decode.md), so it stays off.
   static constexpr bool kRing = PAGEDMHA_DECODE_SM90_RING != 0;
+  // CTAs per SM: one. Two (experiment, prepared in the twelfth session and not yet run on
+  // a GPU; with four warps each: 2 x 160 threads fit the consumers' 167 registers) would
+  // overlap one CTA's item boundaries (Q load, the epilogue's CTA barriers) with the
+  // other's loads, as the portable decode's three CTAs per SM do; the ring lost 6-28% to
+  // it on small items (s11run1).
+  static constexpr int kCtasPerSm = PAGEDMHA_DECODE_SM90_CTAS;
   static constexpr int kConsumerThreads = 32 * kWarps;
   static constexpr int kThreads = kConsumerThreads + (kRing ? 32 : 0);
   // The G * q_len query rows of a KV head in one m16 tile (mma.sync m16n8k16): decode
@@ -62,8 +72,10 @@ struct DecodePolicy {
   static constexpr int kRows = 16;
   // Keys per warp tile: 32 (S in 16 registers: half the per-tile costs of 16 keys, the
   // barrier wait, row maxima and rescale test); 16 at D = 128 with eight warps, whose
-  // 8 KB tiles keep three stages per warp in shared memory.
-  static constexpr int KW = PAGEDMHA_DECODE_SM90_KW > 0 ? PAGEDMHA_DECODE_SM90_KW : (D == 128 && kWarps > 4 ? 16 : 32);
+  // 8 KB tiles keep three stages per warp in shared memory (with two CTAs per SM, two
+  // 32 KB ring stages per CTA).
+  static constexpr int KW = PAGEDMHA_DECODE_SM90_KW > 0 ? PAGEDMHA_DECODE_SM90_KW
+                            : (D == 128 && (kWarps > 4 || kCtasPerSm > 1) ? 16 : 32);
   static constexpr int kPanels = D / 64;  // 128-byte swizzled panels of a 16-bit row
   static constexpr int kChunks = D / 8;   // 16-byte chunks of a row
   // Keys of a stage (decode_split's tile, a.split_tile): a warp tile, or with the ring
@@ -81,9 +93,11 @@ struct DecodePolicy {
   static constexpr int kMaxStages = 8;
   static constexpr int kBarrierBytes = 2 * kWarps * kMaxStages * 8;  // full; the ring's empty
   // Stages per warp: as many as the SM's shared memory holds (eight warps: 3 at D = 64
-  // and D = 128, 192 KB of K / V per SM).
+  // and D = 128, 192 KB of K / V per SM); with kCtasPerSm CTAs, the CTA's share (228 KB
+  // per SM, 1 KB of it reserved per CTA).
+  static constexpr int kSmemPerCta = kCtasPerSm == 1 ? 227 * 1024 : 228 * 1024 / kCtasPerSm - 1024;
   static constexpr int kStagesFit =
-      (227 * 1024 - 1024 - kEpiBytes - kStatBytes - kBarrierBytes) / (kRings * kStageBytes);
+      (kSmemPerCta - 1024 - kEpiBytes - kStatBytes - kBarrierBytes) / (kRings * kStageBytes);
   static constexpr int kStages = PAGEDMHA_DECODE_SM90_STAGES > 0 ? PAGEDMHA_DECODE_SM90_STAGES
                                  : kStagesFit < kMaxStages      ? kStagesFit
                                                                 : kMaxStages;
@@ -97,7 +111,8 @@ struct DecodePolicy {
   // The ring's producer: one lane per (box, panel) of a stage, boxes of at least 8 keys
   // (paged_kv.cuh kv_tma_ok).
   static_assert(!kRing || kTileKeys / 8 * kPanels <= 32, "one lane per box of a stage");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(kSmemBytes <= kSmemPerCta, "shared memory");
+  static_assert(kCtasPerSm == 1 || kThreads * kCtasPerSm <= 320, "registers for the consumers (~170 each)");
 };
 
 /// The switch: batch_decode (decode.cu) tries this kernel only when it is on.

@@ -149,13 +149,14 @@ struct Consumer {
                                           const QueryTile& t, int tile, int q_slot, bool last, KPipe& ks, VPipe& vs,
                                           OnPv on_pv) const {
     wait(sm.k_full(ks.slot), ks.phase);
-    if constexpr (pv) wait(sm.v_full(vs.slot), vs.phase);
+    if constexpr (pv && !Pol::kLateVWait) wait(sm.v_full(vs.slot), vs.phase);
     // O (P V through two tiles back, complete) takes the pending P's rescale before S is
     // issued (after it, ptxas cannot tell O from the in-flight S across the item loop and
     // injects a wait: C7517); rare once the integer reference settles.
     if constexpr (pv) SoftmaxRows::rescale(o, alpha);
     turn_wait();
     issue_qk(s, ks.slot, q_slot);
+    if constexpr (pv && Pol::kLateVWait) wait(sm.v_full(vs.slot), vs.phase);
     if constexpr (pv) issue_pv(o, pa, vs.slot);
     turn_pass();
     if constexpr (pv) {

@@ -27,7 +27,8 @@
 // the staging slots instead of converting in place (D = 128, two producer warpgroups),
 // PAGEDMHA_SM90_FP8_DIAG=1 leaves the fp8 conversion out (a stage counts as full once its
 // raw tile has landed) and =2 its stores (loads and conversions remain): diagnostics of
-// what the conversion costs the consumers, wrong results.
+// what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_LATE_V=1 makes
+// the consumers wait for a V stage after issuing the next QK instead of before it.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -84,6 +85,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_V_STAGES
 #define PAGEDMHA_SM90_V_STAGES 0
+#endif
+#ifndef PAGEDMHA_SM90_LATE_V
+#define PAGEDMHA_SM90_LATE_V 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -176,6 +180,12 @@ struct PrefillPolicy {
   // docs/perf-notes/prefill-sm90.md). No split-KV here, so nothing is compared bitwise across key
   // ranges. PAGEDMHA_SM90_FTZ=0 restores the plain ex2 (experiment).
   static constexpr bool kFtzExp2 = PAGEDMHA_SM90_FTZ != 0;
+  // A KV step waits for K_{j+1} and V_j, then issues Q K_{j+1}^T and P_j V_j. Waiting for
+  // V_j only between the two issues lets QK run while V_j lands (gemma 1 x 16k: 5.7% of
+  // the stall samples on V stages, 1.1% on K: prefill-sm90-schedule.md section 7).
+  // Experiment, off: prepared in the twelfth session, not yet run on a GPU (spill-free,
+  // no serialized wgmma: scripts/sass_check.py).
+  static constexpr bool kLateVWait = PAGEDMHA_SM90_LATE_V != 0;
 
   // The epilogue writes o rows in 16-byte stores after a transpose inside each quad
   // (consumer.cuh epilogue), where 4-byte stores left half of every 32-byte sector empty
