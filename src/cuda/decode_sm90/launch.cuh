@@ -40,14 +40,19 @@ bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& args,
   p.a = args;
   p.a.split_tile = Pol::kTileKeys;
   p.a.row_chunks = 1;
-  static std::atomic<int> smem_set[kMaxDevices];
-  once_per_device(smem_set, prob.device.index, [] {
+  // Resident CTAs per SM (at most Pol::kCtasPerSm), once per device with the shared
+  // memory limit raised: a grid of more would run in two waves.
+  static std::atomic<int> per_sm_cache[kMaxDevices];
+  const int per_sm = once_per_device(per_sm_cache, prob.device.index, [] {
     allow_dynamic_smem(decode_sm90_kernel<D, T>, Pol::kSmemBytes);
-    return 1;
+    int n = 0;
+    PAGEDMHA_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_sm90_kernel<D, T>, Pol::kThreads, Pol::kSmemBytes));
+    return std::clamp(n, 1, Pol::kCtasPerSm);
   });
   const int max_count = p.a.forced_splits > 0 ? p.a.forced_splits : p.a.max_splits;
   const int64_t max_items = static_cast<int64_t>(p.a.batch) * p.a.num_kv_heads * max_count;
-  const int grid = static_cast<int>(std::min<int64_t>(max_items, int64_t{sm_count} * Pol::kCtasPerSm));
+  const int grid = static_cast<int>(std::min<int64_t>(max_items, int64_t{sm_count} * per_sm));
   if (grid == 0) return true;  // no request
   decode_sm90_kernel<D, T><<<grid, Pol::kThreads, Pol::kSmemBytes, stream>>>(p);
   PAGEDMHA_CUDA_CHECK_LAUNCH();

@@ -13,7 +13,9 @@
 // tile, PAGEDMHA_DECODE_SM90_STAGES=s stages (per warp, or of the ring),
 // PAGEDMHA_DECODE_SM90_RING=1 one ring of kWarps x KW-key stages that a producer warp
 // fills and every consumer warp reads its KW-key slice of, PAGEDMHA_DECODE_SM90_CTAS=c
-// c CTAs per SM (each with 1 / c of the shared memory; with c = 2 four warps each).
+// c CTAs per SM (each with 1 / c of the shared memory; with c = 2 four warps each),
+// PAGEDMHA_DECODE_SM90_Q_AHEAD=1 the ring's producer loading each item's Q into a shared
+// slot ahead of its stages.
 #ifndef PAGEDMHA_DECODE_SM90_WARPS
 #define PAGEDMHA_DECODE_SM90_WARPS 8
 #endif
@@ -29,13 +31,16 @@
 #ifndef PAGEDMHA_DECODE_SM90_CTAS
 #define PAGEDMHA_DECODE_SM90_CTAS 1
 #endif
+#ifndef PAGEDMHA_DECODE_SM90_Q_AHEAD
+#define PAGEDMHA_DECODE_SM90_Q_AHEAD 0
+#endif
 #ifndef PAGEDMHA_DECODE_SM90
 #define PAGEDMHA_DECODE_SM90 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
 
-/// One CTA per SM; its kWarps warps share each work item (request, KV head, split) and
+/// One CTA per SM (kCtasPerSm); its kWarps warps share each work item (request, KV head, split) and
 /// each streams a contiguous share of the item's key tiles through a ring of its own
 /// (TMA boxes per page, an mbarrier per stage). A warp refills the stage it has just
 /// used with the next tile of its stream, which crosses into the CTA's next item without
@@ -84,6 +89,18 @@ struct DecodePolicy {
   static constexpr int kTileBytes = kTileKeys * D * 2;  // K or V of one stage
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kRings = kRing ? 1 : kWarps;
+  // Q by the ring's producer (experiment, prepared in the twelfth session, not yet run):
+  // it copies each item's kRows query rows into one of two shared slots ahead of the
+  // item's stages, and the consumer warps read their fragments from there, where each
+  // warp had loaded the same rows from global memory at the item's start (~1,000 cycles
+  // exposed per item, against ~6,000 of loads for a two-stage item of the TP-8 rank).
+  // Holding the next item's Q in registers instead spills at D = 128 (ptxas's 168: nine
+  // warps, three on one SM sub-partition).
+  static constexpr bool kQAhead = PAGEDMHA_DECODE_SM90_Q_AHEAD != 0;
+  static_assert(!kQAhead || kRing, "PAGEDMHA_DECODE_SM90_Q_AHEAD needs the ring (PAGEDMHA_DECODE_SM90_RING=1)");
+  static constexpr int kQSlots = kQAhead ? 2 : 0;
+  static constexpr int kQPitch = D * 2 + 16;  // bytes per row: fragment loads free of bank conflicts
+  static constexpr int kQBytes = kQSlots * kRows * kQPitch;
   // Epilogue: two fp32 [kRows][D + 8] buffers (warps 0 and 1 write, then each further
   // pair adds, 2 and 3 first: a fixed order, so results do not depend on timing), then
   // (m, l) per warp and row and the row scales.
@@ -97,12 +114,12 @@ struct DecodePolicy {
   // per SM, 1 KB of it reserved per CTA).
   static constexpr int kSmemPerCta = kCtasPerSm == 1 ? 227 * 1024 : 228 * 1024 / kCtasPerSm - 1024;
   static constexpr int kStagesFit =
-      (kSmemPerCta - 1024 - kEpiBytes - kStatBytes - kBarrierBytes) / (kRings * kStageBytes);
+      (kSmemPerCta - 1024 - kEpiBytes - kStatBytes - kBarrierBytes - kQBytes) / (kRings * kStageBytes);
   static constexpr int kStages = PAGEDMHA_DECODE_SM90_STAGES > 0 ? PAGEDMHA_DECODE_SM90_STAGES
                                  : kStagesFit < kMaxStages      ? kStagesFit
                                                                 : kMaxStages;
   static constexpr int kSmemBytes =
-      1024 /* alignment */ + kRings * kStages * kStageBytes + kEpiBytes + kStatBytes + kBarrierBytes;
+      1024 /* alignment */ + kRings * kStages * kStageBytes + kEpiBytes + kStatBytes + kBarrierBytes + kQBytes;
 
   static_assert(D == 64 || D == 128, "head dims of the Hopper decode (D = 256 stays portable)");
   static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
