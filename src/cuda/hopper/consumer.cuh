@@ -59,7 +59,9 @@ struct Consumer {
     if ((ltid & 31) == 0) arrive(sm.q_empty(slot));
   }
 
-  __device__ void issue_qk(float (&s)[BN / 8][4], int slot, int q_slot) const {
+  /// S = Q K^T of the stage's first 8 NS keys (NS = BN / 8: all of them).
+  template <int NS>
+  __device__ void issue_qk(float (&s)[NS][4], int slot, int q_slot) const {
     if constexpr (PAGEDMHA_SM90_DIAG >= 2) {
       cute::warpgroup_commit_batch();
       return;
@@ -72,8 +74,8 @@ struct Consumer {
     for (int kk = 0; kk < D / 16; ++kk) {
       // k16 step kk: panel kk / 4, 32 bytes per step inside the panel's 128-byte rows.
       const uint32_t off = (kk % 4) * 32;
-      gmma_ss<BN, M>(s, gmma_desc(q + (((kk / 4) * BM * 128 + off) >> 4)),
-                     gmma_desc(k + (((kk / 4) * BN * 128 + off) >> 4)), kk > 0);
+      gmma_ss<8 * NS, M>(s, gmma_desc(q + (((kk / 4) * BM * 128 + off) >> 4)),
+                         gmma_desc(k + (((kk / 4) * BN * 128 + off) >> 4)), kk > 0);
     }
     cute::warpgroup_commit_batch();
   }
@@ -118,14 +120,18 @@ struct Consumer {
     mask_keys(s, key0, t4, lo, hi);
   }
 
-  __device__ static void pack_p(uint32_t (&pa)[BN / 16][4], const float (&s)[BN / 8][4]) {
+  /// P of the tile from the probabilities of its first 8 NS keys (0 for the rest).
+  template <int NS>
+  __device__ static void pack_p(uint32_t (&pa)[BN / 16][4], const float (&s)[NS][4]) {
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
+    for (int kk = 0; kk < NS / 2; ++kk) {
       pa[kk][0] = pack2<M>(s[2 * kk][0], s[2 * kk][1]);
       pa[kk][1] = pack2<M>(s[2 * kk][2], s[2 * kk][3]);
       pa[kk][2] = pack2<M>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       pa[kk][3] = pack2<M>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
+#pragma unroll
+    for (int kk = NS / 2; kk < BN / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
   }
 
   /// What the epilogue of an item needs once its tiles have run (the item whose last
@@ -143,8 +149,11 @@ struct Consumer {
   /// `pv` is a template parameter: ptxas tracks the wgmma accumulators only through
   /// straight-line code, and a runtime branch around an issue makes it wait for every
   /// HGMMA (scripts/sass_check.py: gsb0 on all of them).
-  template <bool pv, class OnPv>
-  __device__ __forceinline__ void kv_step(const Variant& var, float (&s)[BN / 8][4], uint32_t (&pa)[BN / 16][4],
+  /// S has NS = BN / 8 fragments, or BN / 16 where no row sees a key of the tile's upper
+  /// half (policy.h kHalfDiag): S and the softmax then cover its first BN / 2 keys and P's
+  /// upper half is 0 (the P V is whole).
+  template <bool pv, int NS, class OnPv>
+  __device__ __forceinline__ void kv_step(const Variant& var, float (&s)[NS][4], uint32_t (&pa)[BN / 16][4],
                                           float (&o)[D / 8][4], float (&alpha)[2], SoftmaxRows& smx,
                                           const QueryTile& t, int tile, int q_slot, bool last, KPipe& ks, VPipe& vs,
                                           OnPv on_pv) const {
@@ -178,6 +187,32 @@ struct Consumer {
       on_pv();
     }
     pack_p(pa, s);
+  }
+
+  /// An item's first step (its last key tile) under Pol::kHalfDiag (experiment): half of
+  /// the tile where no row sees a key of its upper half. Apart from the default build's
+  /// step so that the default kernels' code stays as the H200 validated it.
+  __device__ __forceinline__ void first_step_half_diag(const Variant& var, float (&s)[BN / 8][4],
+                                                       uint32_t (&pa)[BN / 16][4], float (&o)[D / 8][4],
+                                                       float (&alpha)[2], SoftmaxRows& smx, SoftmaxRows& done,
+                                                       const OutRows& prev, bool pending, const QueryTile& t, int n,
+                                                       int q_slot, KPipe& ks, VPipe& vs) const {
+    const auto step = [&](auto& sx) {
+      if (pending) {
+        kv_step<true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [&] {
+          epilogue(var, prev, o, done);
+          zero(o);
+        });
+      } else {
+        kv_step<false>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [] {});
+      }
+    };
+    if (t.keys.span_hi - (t.keys.end - 1) * BN <= BN / 2) {
+      float sh[BN / 16][4];  // S of the tile's lower half, registers of its own
+      step(sh);
+    } else {
+      step(s);
+    }
   }
 
   /// The pending item's last P V and its epilogue, when no next QK goes with it.
@@ -246,7 +281,9 @@ struct Consumer {
       wait(sm.q_full(qs.slot), qs.phase);
       // Tile 0 (the item's last key tile): with the pending item's last P V, whose
       // epilogue then runs.
-      if (pending) {
+      if constexpr (Pol::kHalfDiag) {
+        first_step_half_diag(var, s, pa, o, alpha, smx, done, prev, pending, t, n, qs.slot, ks, vs);
+      } else if (pending) {
         kv_step<true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1, qs.slot, n == 1, ks, vs, [&] {
           epilogue(var, prev, o, done);
           zero(o);

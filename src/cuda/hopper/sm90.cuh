@@ -87,9 +87,11 @@ struct GmmaOps;
     using SS = gmma::MMA_64x##N##x16_F32##TN##TN##_SS<gmma::Major::K, gmma::Major::K>;  \
     using RS = gmma::MMA_64x##N##x16_F32##TN##TN##_RS<gmma::Major::K, gmma::Major::MN>; \
   };
+PAGEDMHA_GMMA_OPS(32, BF16, __nv_bfloat16)
 PAGEDMHA_GMMA_OPS(64, BF16, __nv_bfloat16)
 PAGEDMHA_GMMA_OPS(128, BF16, __nv_bfloat16)
 PAGEDMHA_GMMA_OPS(256, BF16, __nv_bfloat16)
+PAGEDMHA_GMMA_OPS(32, F16, __half)
 PAGEDMHA_GMMA_OPS(64, F16, __half)
 PAGEDMHA_GMMA_OPS(128, F16, __half)
 PAGEDMHA_GMMA_OPS(256, F16, __half)

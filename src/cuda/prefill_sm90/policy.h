@@ -28,7 +28,9 @@
 // PAGEDMHA_SM90_FP8_DIAG=1 leaves the fp8 conversion out (a stage counts as full once its
 // raw tile has landed) and =2 its stores (loads and conversions remain): diagnostics of
 // what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_LATE_V=1 makes
-// the consumers wait for a V stage after issuing the next QK instead of before it.
+// the consumers wait for a V stage after issuing the next QK instead of before it, and
+// PAGEDMHA_SM90_HALF_DIAG=1 computes half of an item's last key tile where no row sees
+// its upper half.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -88,6 +90,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_LATE_V
 #define PAGEDMHA_SM90_LATE_V 0
+#endif
+#ifndef PAGEDMHA_SM90_HALF_DIAG
+#define PAGEDMHA_SM90_HALF_DIAG 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -186,6 +191,13 @@ struct PrefillPolicy {
   // Experiment, off: prepared in the twelfth session, not yet run on a GPU (spill-free,
   // no serialized wgmma: scripts/sass_check.py).
   static constexpr bool kLateVWait = PAGEDMHA_SM90_LATE_V != 0;
+  // An item's last key tile (the first it runs) where no row sees a key of its upper
+  // half: on a full prompt half of the items (64-token tiles over 128-key tiles), and a
+  // partial last tile. Q K^T of N = BN / 2 and the softmax of half the fragments there
+  // (P's upper half 0, the P V whole): ~4% of the consumers' work at 16 x 1k, ~1% at
+  // 4 x 4k, for two more kv_step bodies. Experiment, off: prepared in the twelfth
+  // session, not yet run on a GPU.
+  static constexpr bool kHalfDiag = PAGEDMHA_SM90_HALF_DIAG != 0;
 
   // The epilogue writes o rows in 16-byte stores after a transpose inside each quad
   // (consumer.cuh epilogue), where 4-byte stores left half of every 32-byte sector empty
