@@ -150,7 +150,7 @@ struct Consumer {
   /// straight-line code, and a runtime branch around an issue makes it wait for every
   /// HGMMA (scripts/sass_check.py: gsb0 on all of them).
   /// S has NS = BN / 8 fragments, or BN / 16 where no row sees a key of the tile's upper
-  /// half (policy.h kHalfDiag): S and the softmax then cover its first BN / 2 keys and P's
+  /// half (first_step): S and the softmax then cover its first BN / 2 keys and P's
   /// upper half is 0 (the P V is whole).
   template <bool pv, int NS, class OnPv>
   __device__ __forceinline__ void kv_step(const Variant& var, float (&s)[NS][4], uint32_t (&pa)[BN / 16][4],
@@ -158,14 +158,13 @@ struct Consumer {
                                           const QueryTile& t, int tile, int q_slot, bool last, KPipe& ks, VPipe& vs,
                                           OnPv on_pv) const {
     wait(sm.k_full(ks.slot), ks.phase);
-    if constexpr (pv && !Pol::kLateVWait) wait(sm.v_full(vs.slot), vs.phase);
+    if constexpr (pv) wait(sm.v_full(vs.slot), vs.phase);
     // O (P V through two tiles back, complete) takes the pending P's rescale before S is
     // issued (after it, ptxas cannot tell O from the in-flight S across the item loop and
     // injects a wait: C7517); rare once the integer reference settles.
     if constexpr (pv) SoftmaxRows::rescale(o, alpha);
     turn_wait();
     issue_qk(s, ks.slot, q_slot);
-    if constexpr (pv && Pol::kLateVWait) wait(sm.v_full(vs.slot), vs.phase);
     if constexpr (pv) issue_pv(o, pa, vs.slot);
     turn_pass();
     if constexpr (pv) {
@@ -189,14 +188,15 @@ struct Consumer {
     pack_p(pa, s);
   }
 
-  /// An item's first step (its last key tile) under Pol::kHalfDiag (experiment): half of
-  /// the tile where no row sees a key of its upper half. Apart from the default build's
-  /// step so that the default kernels' code stays as the H200 validated it.
-  __device__ __forceinline__ void first_step_half_diag(const Variant& var, float (&s)[BN / 8][4],
-                                                       uint32_t (&pa)[BN / 16][4], float (&o)[D / 8][4],
-                                                       float (&alpha)[2], SoftmaxRows& smx, SoftmaxRows& done,
-                                                       const OutRows& prev, bool pending, const QueryTile& t, int n,
-                                                       int q_slot, KPipe& ks, VPipe& vs) const {
+  /// An item's first step: its last key tile, with the pending item's last P V, whose
+  /// epilogue then runs. Where no row sees a key of the tile's upper half (on a full
+  /// prompt half of the items: 64-row query tiles over 128-key tiles), Q K^T is a wgmma of
+  /// N = BN / 2 into an S of its own and the softmax covers half the fragments
+  /// (docs/perf-notes/prefill-sm90-schedule.md section 9).
+  __device__ __forceinline__ void first_step(const Variant& var, float (&s)[BN / 8][4], uint32_t (&pa)[BN / 16][4],
+                                             float (&o)[D / 8][4], float (&alpha)[2], SoftmaxRows& smx,
+                                             SoftmaxRows& done, const OutRows& prev, bool pending, const QueryTile& t,
+                                             int n, int q_slot, KPipe& ks, VPipe& vs) const {
     const auto step = [&](auto& sx) {
       if (pending) {
         kv_step<true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [&] {
@@ -279,18 +279,7 @@ struct Consumer {
         continue;
       }
       wait(sm.q_full(qs.slot), qs.phase);
-      // Tile 0 (the item's last key tile): with the pending item's last P V, whose
-      // epilogue then runs.
-      if constexpr (Pol::kHalfDiag) {
-        first_step_half_diag(var, s, pa, o, alpha, smx, done, prev, pending, t, n, qs.slot, ks, vs);
-      } else if (pending) {
-        kv_step<true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1, qs.slot, n == 1, ks, vs, [&] {
-          epilogue(var, prev, o, done);
-          zero(o);
-        });
-      } else {
-        kv_step<false>(var, s, pa, o, alpha, smx, t, t.keys.end - 1, qs.slot, n == 1, ks, vs, [] {});
-      }
+      first_step(var, s, pa, o, alpha, smx, done, prev, pending, t, n, qs.slot, ks, vs);
       for (int j = 1; j < n; ++j) {
         kv_step<true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs, [] {});
       }

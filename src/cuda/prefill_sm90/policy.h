@@ -27,10 +27,7 @@
 // the staging slots instead of converting in place (D = 128, two producer warpgroups),
 // PAGEDMHA_SM90_FP8_DIAG=1 leaves the fp8 conversion out (a stage counts as full once its
 // raw tile has landed) and =2 its stores (loads and conversions remain): diagnostics of
-// what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_LATE_V=1 makes
-// the consumers wait for a V stage after issuing the next QK instead of before it, and
-// PAGEDMHA_SM90_HALF_DIAG=1 computes half of an item's last key tile where no row sees
-// its upper half.
+// what the conversion costs the consumers, wrong results.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -87,12 +84,6 @@
 #endif
 #ifndef PAGEDMHA_SM90_V_STAGES
 #define PAGEDMHA_SM90_V_STAGES 0
-#endif
-#ifndef PAGEDMHA_SM90_LATE_V
-#define PAGEDMHA_SM90_LATE_V 0
-#endif
-#ifndef PAGEDMHA_SM90_HALF_DIAG
-#define PAGEDMHA_SM90_HALF_DIAG 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -185,19 +176,10 @@ struct PrefillPolicy {
   // docs/perf-notes/prefill-sm90.md). No split-KV here, so nothing is compared bitwise across key
   // ranges. PAGEDMHA_SM90_FTZ=0 restores the plain ex2 (experiment).
   static constexpr bool kFtzExp2 = PAGEDMHA_SM90_FTZ != 0;
-  // A KV step waits for K_{j+1} and V_j, then issues Q K_{j+1}^T and P_j V_j. Waiting for
-  // V_j only between the two issues lets QK run while V_j lands (gemma 1 x 16k: 5.7% of
-  // the stall samples on V stages, 1.1% on K: prefill-sm90-schedule.md section 7).
-  // Experiment, off: prepared in the twelfth session, not yet run on a GPU (spill-free,
-  // no serialized wgmma: scripts/sass_check.py).
-  static constexpr bool kLateVWait = PAGEDMHA_SM90_LATE_V != 0;
-  // An item's last key tile (the first it runs) where no row sees a key of its upper
-  // half: on a full prompt half of the items (64-token tiles over 128-key tiles), and a
-  // partial last tile. Q K^T of N = BN / 2 and the softmax of half the fragments there
-  // (P's upper half 0, the P V whole): ~4% of the consumers' work at 16 x 1k, ~1% at
-  // 4 x 4k, for two more kv_step bodies. Experiment, off: prepared in the twelfth
-  // session, not yet run on a GPU.
-  static constexpr bool kHalfDiag = PAGEDMHA_SM90_HALF_DIAG != 0;
+  // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
+  // on every shape, s13run1). The half key tile of consumer.cuh first_step has no knob:
+  // +1 to +3% at D = 128 and 64, +2% at gemma 4 x 4k (s13run1;
+  // docs/perf-notes/prefill-sm90-schedule.md sections 8 and 9).
 
   // The epilogue writes o rows in 16-byte stores after a transpose inside each quad
   // (consumer.cuh epilogue), where 4-byte stores left half of every 32-byte sector empty
