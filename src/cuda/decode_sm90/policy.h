@@ -3,21 +3,21 @@
 // request's keys into work items is decode/policy.h's, shared with the portable decode.
 #pragma once
 
-// PAGEDMHA_DECODE_SM90=1 routes the decodes this kernel takes (decode_sm90_rows_ok and a
-// TMA layout) to it. Off by default: on the H200 it is 5-50% slower than the portable
-// decode on every standard shape (sixth session, runs 2 and 3: the per-item and per-tile
-// latency chains of a warp that issues its own loads, docs/perf-notes/decode.md, "The
-// Hopper decode"). It passes the GPU suite and the sanitizers when on (98acff5) and is
-// the base for the producer-warp version. Experiment knobs (bench/decode_variants.sh):
-// PAGEDMHA_DECODE_SM90_WARPS=w warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per warp
-// tile, PAGEDMHA_DECODE_SM90_STAGES=s stages (per warp, or of the ring),
-// PAGEDMHA_DECODE_SM90_RING=1 one ring of kWarps x KW-key stages that a producer warp
-// fills and every consumer warp reads its KW-key slice of, PAGEDMHA_DECODE_SM90_CTAS=c
-// c CTAs per SM (each with 1 / c of the shared memory; with c = 2 four warps each),
+// The decodes this kernel takes (decode_sm90_rows_ok and a TMA layout) go to it by
+// default on sm_90; PAGEDMHA_DECODE_SM90=0 sends them to the portable decode. The
+// default shape is the ring (a producer warp filling one ring of stages per CTA) with two
+// CTAs of four consumer warps per SM: against the portable decode +3 to +10% at 64 x 4k,
+// 256 x 2k of the TP-8 rank and window 127, level at 1 x 32k and 32 x 2k, -1.6% at
+// 128 x 32k (H200 s13run1, docs/perf-notes/decode.md). Experiment knobs
+// (bench/prefill_variants.sh with KERNEL=decode): PAGEDMHA_DECODE_SM90_WARPS=w consumer
+// warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per warp tile,
+// PAGEDMHA_DECODE_SM90_STAGES=s stages (per warp, or of the ring),
+// PAGEDMHA_DECODE_SM90_RING=0 a ring per warp, filled by the warp itself,
+// PAGEDMHA_DECODE_SM90_CTAS=c c CTAs per SM (each with 1 / c of the shared memory),
 // PAGEDMHA_DECODE_SM90_Q_AHEAD=1 the ring's producer loading each item's Q into a shared
 // slot ahead of its stages.
 #ifndef PAGEDMHA_DECODE_SM90_WARPS
-#define PAGEDMHA_DECODE_SM90_WARPS 8
+#define PAGEDMHA_DECODE_SM90_WARPS 4
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_KW
 #define PAGEDMHA_DECODE_SM90_KW 0
@@ -26,49 +26,44 @@
 #define PAGEDMHA_DECODE_SM90_STAGES 0
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_RING
-#define PAGEDMHA_DECODE_SM90_RING 0
+#define PAGEDMHA_DECODE_SM90_RING 1
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_CTAS
-#define PAGEDMHA_DECODE_SM90_CTAS 1
+#define PAGEDMHA_DECODE_SM90_CTAS 2
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_Q_AHEAD
 #define PAGEDMHA_DECODE_SM90_Q_AHEAD 0
 #endif
 #ifndef PAGEDMHA_DECODE_SM90
-#define PAGEDMHA_DECODE_SM90 0
+#define PAGEDMHA_DECODE_SM90 1
 #endif
 
 namespace pagedmha::cuda::sm90 {
 
-/// One CTA per SM (kCtasPerSm); its kWarps warps share each work item (request, KV head, split) and
-/// each streams a contiguous share of the item's key tiles through a ring of its own
-/// (TMA boxes per page, an mbarrier per stage). A warp refills the stage it has just
-/// used with the next tile of its stream, which crosses into the CTA's next item without
-/// draining: the loads of the next item run during this item's last tiles and epilogue
-/// (the portable decode refilled and drained its pipeline per item and kept one 32 KB
-/// stage in flight per CTA: docs/perf-notes/decode.md, "What is in the way").
+/// kCtasPerSm CTAs per SM; the kWarps consumer warps of a CTA share each work item
+/// (request, KV head, split), warp w taking keys [w KW, w KW + KW) of every stage of the
+/// item. A producer warp fills the CTA's ring (TMA boxes per page, a full and an empty
+/// mbarrier per stage) across item boundaries without draining: the loads of the next
+/// item run during this item's last tiles and epilogue (the portable decode refills and
+/// drains its pipeline per item: docs/perf-notes/decode.md, "What is in the way").
 template <int D>
 struct DecodePolicy {
   static constexpr int kHeadDim = D;
-  // Eight warps, two per SMSP: with one warp per SMSP (four) every dependent step of a
-  // tile (ldmatrix -> mma chains, the softmax's shuffles and ex2) is exposed; eight gained
-  // 20-26% on gpt-oss over four and lost 3-8% on llama3-8b (H200, sixth session runs 2
-  // and 3, docs/perf-notes/decode.md).
+  // Four consumer warps per CTA, with two CTAs: two warps per SMSP, as eight warps in one
+  // CTA had (with one warp per SMSP every dependent step of a tile, ldmatrix -> mma chains,
+  // the softmax's shuffles and ex2, is exposed; H200 sixth session runs 2 and 3).
   static constexpr int kWarps = PAGEDMHA_DECODE_SM90_WARPS;  // consumer warps
-  // One CTA-wide ring (experiment, off): a producer warp loads stages of kWarps x KW keys
-  // (64 KB of K and V), one full barrier and one empty barrier (kWarps arrivals) per
-  // stage, the boxes of a stage issued by its lanes in parallel, page ids a stage ahead;
-  // consumer warp w reads keys [w KW, w KW + KW) of every stage of an item. A producer
-  // warp issuing every warp's 16-key tiles one at a time lost 20-35% (3524b1d); the ring
-  // beats the per-warp streams everywhere (+3 to +39%) and the portable decode on large
-  // items only (gpt-oss +5-9%; windows -28%, the TP-8 rank -6 to -11%: H200 s11run1,
-  // docs/perf-notes/decode.md), so it stays off.
+  // One CTA-wide ring: a producer warp loads stages of kWarps x KW keys, one full barrier
+  // and one empty barrier (kWarps arrivals) per stage, the boxes of a stage issued by its
+  // lanes in parallel, page ids a stage ahead. A producer warp issuing every warp's 16-key
+  // tiles one at a time lost 20-35% (3524b1d); the ring beats per-warp streams (RING=0,
+  // each warp loading its own) everywhere, +3 to +39% (H200 s11run1).
   static constexpr bool kRing = PAGEDMHA_DECODE_SM90_RING != 0;
-  // CTAs per SM: one. Two (experiment, prepared in the twelfth session and not yet run on
-  // a GPU; with four warps each: 2 x 160 threads fit the consumers' 167 registers) would
-  // overlap one CTA's item boundaries (Q load, the epilogue's CTA barriers) with the
-  // other's loads, as the portable decode's three CTAs per SM do; the ring lost 6-28% to
-  // it on small items (s11run1).
+  // CTAs per SM: two (2 x 160 threads fit the consumers' ~170 registers). One CTA's item
+  // boundaries (Q load, the epilogue's CTA barriers) overlap the other's loads, as the
+  // portable decode's three CTAs per SM do: one CTA of eight warps lost 6-28% to the
+  // portable decode on small items (windows, the TP-8 rank: s11run1), two of four gain
+  // 3-10% there (s13run1).
   static constexpr int kCtasPerSm = PAGEDMHA_DECODE_SM90_CTAS;
   static constexpr int kConsumerThreads = 32 * kWarps;
   static constexpr int kThreads = kConsumerThreads + (kRing ? 32 : 0);
