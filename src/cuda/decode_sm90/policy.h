@@ -15,7 +15,8 @@
 // PAGEDMHA_DECODE_SM90_RING=0 a ring per warp, filled by the warp itself,
 // PAGEDMHA_DECODE_SM90_CTAS=c c CTAs per SM (each with 1 / c of the shared memory),
 // PAGEDMHA_DECODE_SM90_Q_AHEAD=1 the ring's producer loading each item's Q into a shared
-// slot ahead of its stages.
+// slot ahead of its stages, PAGEDMHA_DECODE_SM90_EPI_BUFS=1 one epilogue buffer (kernel.cuh
+// epilogue; a third ring stage at D = 128 with two CTAs per SM).
 #ifndef PAGEDMHA_DECODE_SM90_WARPS
 #define PAGEDMHA_DECODE_SM90_WARPS 4
 #endif
@@ -33,6 +34,9 @@
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_Q_AHEAD
 #define PAGEDMHA_DECODE_SM90_Q_AHEAD 0
+#endif
+#ifndef PAGEDMHA_DECODE_SM90_EPI_BUFS
+#define PAGEDMHA_DECODE_SM90_EPI_BUFS 2
 #endif
 #ifndef PAGEDMHA_DECODE_SM90
 #define PAGEDMHA_DECODE_SM90 1
@@ -99,8 +103,12 @@ struct DecodePolicy {
   // Epilogue: two fp32 [kRows][D + 8] buffers (warps 0 and 1 write, then each further
   // pair adds, 2 and 3 first: a fixed order, so results do not depend on timing), then
   // (m, l) per warp and row and the row scales.
+  // With one buffer (experiment) the warps add their O in W passes, warp w taking column
+  // chunk (w + pass) % W in each (still a fixed order per element); its 8.5 KB less
+  // makes room for a third 32 KB stage per CTA at D = 128 with two CTAs per SM.
+  static constexpr int kEpiBuffers = PAGEDMHA_DECODE_SM90_EPI_BUFS;
   static constexpr int kOStride = D + 8;
-  static constexpr int kEpiBytes = 2 * kRows * kOStride * 4;
+  static constexpr int kEpiBytes = kEpiBuffers * kRows * kOStride * 4;
   static constexpr int kStatBytes = (2 * kWarps * kRows + kRows) * 4;
   static constexpr int kMaxStages = 8;
   static constexpr int kBarrierBytes = 2 * kWarps * kMaxStages * 8;  // full; the ring's empty
@@ -119,6 +127,7 @@ struct DecodePolicy {
   static_assert(D == 64 || D == 128, "head dims of the Hopper decode (D = 256 stays portable)");
   static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
   static_assert(kWarps % 2 == 0 && kWarps <= 8, "warp pairs in the epilogue");
+  static_assert(kEpiBuffers == 2 || (kEpiBuffers == 1 && (D / 8) % kWarps == 0), "one column chunk per warp");
   static_assert(kStages >= 2 && kStages <= kMaxStages, "stages");
   // The ring's producer: one lane per (box, panel) of a stage, boxes of at least 8 keys
   // (paged_kv.cuh kv_tma_ok).
