@@ -6,9 +6,9 @@
 // The decodes this kernel takes (decode_sm90_rows_ok and a TMA layout) go to it by
 // default on sm_90; PAGEDMHA_DECODE_SM90=0 sends them to the portable decode. The
 // default shape is the ring (a producer warp filling one ring of stages per CTA) with two
-// CTAs of four consumer warps per SM: against the portable decode +3 to +10% at 64 x 4k,
-// 256 x 2k of the TP-8 rank and window 127, level at 1 x 32k and 32 x 2k, -1.6% at
-// 128 x 32k (H200 s13run1, docs/perf-notes/decode.md). Experiment knobs
+// CTAs of four consumer warps per SM: against the portable decode +4 to +9% at 64 x 4k,
+// window 127 and the TP-8 rank's 256 x 2k and 64 x 8k, level at 1 x 32k (llama3-8b) and
+// 32 x 2k, -2% at llama3-8b 128 x 32k (H200 s13run2, docs/perf-notes/decode.md). Experiment knobs
 // (bench/prefill_variants.sh with KERNEL=decode): PAGEDMHA_DECODE_SM90_WARPS=w consumer
 // warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per warp tile,
 // PAGEDMHA_DECODE_SM90_STAGES=s stages (per warp, or of the ring),
