@@ -64,15 +64,6 @@ struct DecodeSmem {
   }
   /// The CTA's ring: every consumer warp has read stage s.
   __device__ uint64_t* empty(int s) const { return full(0, 0) + Pol::kMaxStages + s; }
-  /// The ring's query slots (Pol::kQAhead), after the barriers: slot s holds an item's
-  /// kRows rows at kQPitch bytes; full once the producer's 32 lanes' copies have landed,
-  /// empty once every consumer warp has read its fragments.
-  __device__ uint64_t* q_full(int s) const { return full(0, 0) + 2 * Pol::kMaxStages + s; }
-  __device__ uint64_t* q_empty(int s) const { return full(0, 0) + 2 * Pol::kMaxStages + 2 + s; }
-  __device__ char* q(int s) const {
-    return reinterpret_cast<char*>(full(0, 0)) + Pol::kBarrierBytes + s * Pol::kRows * Pol::kQPitch;
-  }
-  static_assert(!Pol::kQAhead || (2 * Pol::kMaxStages + 4) * 8 <= Pol::kBarrierBytes, "query-slot barriers");
 };
 
 /// The work items of a batch as one warp walks them, 32 requests at a time: lane j holds
@@ -259,7 +250,6 @@ struct DecodeWarp {
     }
 
     PipeState<S> st;
-    PipeState<2> qs;  // the query slots (Pol::kQAhead)
     RequestScan scan;
     scan.load(a, 0);
     const int g = lane >> 2, t4 = lane & 3;
@@ -278,15 +268,7 @@ struct DecodeWarp {
       smx.init();
       if (it.t0 < it.t1) {
         uint32_t qa[D / 16][4];
-        if constexpr (Pol::kQAhead) {
-          wait(sm.q_full(qs.slot), qs.phase);
-          read_q(sm.q(qs.slot), qa);
-          __syncwarp();  // every lane's reads of the slot are done before it is released
-          if (lane == 0) arrive(sm.q_empty(qs.slot));
-          qs.advance();
-        } else {
-          load_q(rows, qa);
-        }
+        load_q(rows, qa);
         int lo[2], hi[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -346,15 +328,6 @@ struct DecodeWarp {
       qa[kk][2] = r0.valid ? __ldg(q0 + kk * 8 + 4 + t4) : 0u;
       qa[kk][3] = r1.valid ? __ldg(q1 + kk * 8 + 4 + t4) : 0u;
     }
-  }
-
-  /// Q fragments from a query slot (Pol::kQAhead; padding rows hold zeros): ldmatrix x4
-  /// per k16 step, lanes 0-15 addressing rows 0-15 of its first 8 columns, lanes 16-31 of
-  /// the next 8 (the A fragment's order).
-  __device__ void read_q(const char* slot, uint32_t (&qa)[D / 16][4]) const {
-    const uint32_t base = smem_addr(slot) + (lane & 15) * Pol::kQPitch + (lane >> 4) * 16;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qa[kk], base + kk * 32);
   }
 
   /// The rows of the warp's V tile (rows row0 .. row0 + KW of the stage) outside
@@ -535,27 +508,12 @@ struct DecodeRingProducer {
     return u < TK / p.geo.box_rows && pos < it.hi && pos + p.geo.box_rows > it.lo;
   }
 
-  /// The item's kRows query rows into a query slot (Pol::kQAhead): lane r (and r + 16)
-  /// copies row r's even (odd) 16-byte chunks; padding rows are zero-filled.
-  __device__ void copy_q(const DecodeRows& rows, char* slot) const {
-    const AttentionArgs& a = p.a;
-    const int r = lane & 15;
-    const RowDesc d = rows(r);
-    const char* src = static_cast<const char*>(a.q) +
-                      (d.valid ? (d.qrow * a.q_row_stride + int64_t{d.head} * a.q_head_stride) * 2 : 0);
-#pragma unroll
-    for (int c = lane >> 4; c < Pol::kChunks; c += 2) {
-      cp_async_16(smem_addr(slot + r * Pol::kQPitch + c * 16), src + c * 16, d.valid);
-    }
-  }
-
   __device__ void run() {
     const AttentionArgs& a = p.a;
     const PageGeometry& g = p.geo;
     RequestScan scan;
     scan.load(a, 0);
     PipeState<Pol::kStages> st;
-    PipeState<2> qs;  // the query slots (Pol::kQAhead)
     for (int item = blockIdx.x;; item += gridDim.x) {
       int b, local, cnt, L;
       if (!scan.locate(a, item, b, local, cnt, L)) break;
@@ -564,12 +522,6 @@ struct DecodeRingProducer {
       const int32_t* pages = a.page_table + int64_t{b} * a.page_table_row_stride;
       int pos, c;
       int page = box(it, it.t0, pos, c) ? __ldg(pages + g.col(pos)) : 0;
-      if constexpr (Pol::kQAhead) {
-        wait(sm.q_empty(qs.slot), qs.phase ^ 1);
-        copy_q(DecodeRows{a, b, it.kv_head, 0, L}, sm.q(qs.slot));
-        cp_async_arrive(sm.q_full(qs.slot));  // once this lane's copies have landed
-        qs.advance();
-      }
       for (int tile = it.t0; tile < it.t1; ++tile) {
         int next = 0;
         if (tile + 1 < it.t1 && box(it, tile + 1, pos, c)) next = __ldg(pages + g.col(pos));
@@ -591,10 +543,6 @@ struct DecodeRingProducer {
         page = next;
       }
     }
-    if constexpr (Pol::kQAhead) {  // the last query slot's copies land before the warp exits (wait_all)
-      cp_async_commit();
-      cp_async_wait<0>();
-    }
   }
 };
 
@@ -611,12 +559,6 @@ __global__ void __launch_bounds__(DecodePolicy<D>::kThreads, DecodePolicy<D>::kC
     }
     if constexpr (Pol::kRing) {
       for (int s = 0; s < Pol::kStages; ++s) Barrier::init(sm.empty(s), Pol::kWarps);
-    }
-    if constexpr (Pol::kQAhead) {
-      for (int s = 0; s < 2; ++s) {
-        Barrier::init(sm.q_full(s), 32);  // the producer lanes' cp.async arrivals (noinc)
-        Barrier::init(sm.q_empty(s), Pol::kWarps);
-      }
     }
     cutlass::arch::fence_barrier_init();
   }

@@ -14,8 +14,7 @@
 // PAGEDMHA_DECODE_SM90_STAGES=s stages (per warp, or of the ring),
 // PAGEDMHA_DECODE_SM90_RING=0 a ring per warp, filled by the warp itself,
 // PAGEDMHA_DECODE_SM90_CTAS=c c CTAs per SM (each with 1 / c of the shared memory),
-// PAGEDMHA_DECODE_SM90_Q_AHEAD=1 the ring's producer loading each item's Q into a shared
-// slot ahead of its stages, PAGEDMHA_DECODE_SM90_EPI_BUFS=1 one epilogue buffer (kernel.cuh
+// PAGEDMHA_DECODE_SM90_EPI_BUFS=1 one epilogue buffer (kernel.cuh
 // epilogue; a third ring stage at D = 128 with two CTAs per SM).
 #ifndef PAGEDMHA_DECODE_SM90_WARPS
 #define PAGEDMHA_DECODE_SM90_WARPS 4
@@ -31,9 +30,6 @@
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_CTAS
 #define PAGEDMHA_DECODE_SM90_CTAS 2
-#endif
-#ifndef PAGEDMHA_DECODE_SM90_Q_AHEAD
-#define PAGEDMHA_DECODE_SM90_Q_AHEAD 0
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_EPI_BUFS
 #define PAGEDMHA_DECODE_SM90_EPI_BUFS 2
@@ -88,18 +84,8 @@ struct DecodePolicy {
   static constexpr int kTileBytes = kTileKeys * D * 2;  // K or V of one stage
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kRings = kRing ? 1 : kWarps;
-  // Q by the ring's producer (experiment, prepared in the twelfth session, not yet run):
-  // it copies each item's kRows query rows into one of two shared slots ahead of the
-  // item's stages, and the consumer warps read their fragments from there, where each
-  // warp had loaded the same rows from global memory at the item's start (~1,000 cycles
-  // exposed per item, against ~6,000 of loads for a two-stage item of the TP-8 rank).
-  // Holding the next item's Q in registers instead spills at D = 128 (ptxas's 168: nine
-  // warps, three on one SM sub-partition).
-  static constexpr bool kQAhead = PAGEDMHA_DECODE_SM90_Q_AHEAD != 0;
-  static_assert(!kQAhead || kRing, "PAGEDMHA_DECODE_SM90_Q_AHEAD needs the ring (PAGEDMHA_DECODE_SM90_RING=1)");
-  static constexpr int kQSlots = kQAhead ? 2 : 0;
-  static constexpr int kQPitch = D * 2 + 16;  // bytes per row: fragment loads free of bank conflicts
-  static constexpr int kQBytes = kQSlots * kRows * kQPitch;
+  // Not here: the ring's producer copying each item's Q into shared slots (twelfth
+  // session): -6% at 1 x 32k, +1-3% elsewhere with two CTAs per SM (s13run2).
   // Epilogue: two fp32 [kRows][D + 8] buffers (warps 0 and 1 write, then each further
   // pair adds, 2 and 3 first: a fixed order, so results do not depend on timing), then
   // (m, l) per warp and row and the row scales.
@@ -117,12 +103,12 @@ struct DecodePolicy {
   // per SM, 1 KB of it reserved per CTA).
   static constexpr int kSmemPerCta = kCtasPerSm == 1 ? 227 * 1024 : 228 * 1024 / kCtasPerSm - 1024;
   static constexpr int kStagesFit =
-      (kSmemPerCta - 1024 - kEpiBytes - kStatBytes - kBarrierBytes - kQBytes) / (kRings * kStageBytes);
+      (kSmemPerCta - 1024 - kEpiBytes - kStatBytes - kBarrierBytes) / (kRings * kStageBytes);
   static constexpr int kStages = PAGEDMHA_DECODE_SM90_STAGES > 0 ? PAGEDMHA_DECODE_SM90_STAGES
                                  : kStagesFit < kMaxStages      ? kStagesFit
                                                                 : kMaxStages;
   static constexpr int kSmemBytes =
-      1024 /* alignment */ + kRings * kStages * kStageBytes + kEpiBytes + kStatBytes + kBarrierBytes + kQBytes;
+      1024 /* alignment */ + kRings * kStages * kStageBytes + kEpiBytes + kStatBytes + kBarrierBytes;
 
   static_assert(D == 64 || D == 128, "head dims of the Hopper decode (D = 256 stays portable)");
   static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
