@@ -55,7 +55,7 @@ struct DecodeSmem {
   __device__ float* buf(int i) const {
     return reinterpret_cast<float*>(base + kRingBytes) + i * Pol::kRows * Pol::kOStride;
   }
-  __device__ float* stat_m() const { return buf(Pol::kEpiBuffers); }
+  __device__ float* stat_m() const { return buf(2); }
   __device__ float* stat_l() const { return stat_m() + Pol::kWarps * Pol::kRows; }
   __device__ float* row_scale() const { return stat_l() + Pol::kWarps * Pol::kRows; }
   __device__ uint64_t* full(int w, int s) const {
@@ -392,8 +392,7 @@ struct DecodeWarp {
 
   /// The CTA's merge of the warps' rows (each relative to its own integer reference):
   /// rescaled to the row maximum; warps 0 and 1 write the two buffers, each further pair
-  /// adds to them in turn, and o = (buffer 0 + buffer 1) * the row's scale from `out`
-  /// (with Pol::kEpiBuffers == 1, W passes over one buffer).
+  /// adds to them in turn, and o = (buffer 0 + buffer 1) * the row's scale from `out`.
   template <class Out>
   __device__ void epilogue(const SoftmaxRows& smx, const float (&acc)[D / 8][4], const Out& out) const {
     const int g = lane >> 2, t4 = lane & 3, tid = threadIdx.x;
@@ -418,52 +417,27 @@ struct DecodeWarp {
       for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, sm.stat_m()[w * R + g + 8 * h]);
       f[h] = m_all == -INFINITY ? 0.0f : fast_exp2(smx.m[h] - m_all);
     }
-    if constexpr (Pol::kEpiBuffers == 1) {
-      // Pass `pass`: warp w stores (pass 0) or adds its column chunk (w + pass) % W.
-      constexpr int kPer = D / 8 / W;
-      float* buf = sm.buf(0);
-#pragma unroll 1
-      for (int pass = 0; pass < W; ++pass) {
-        if (pass > 0) consumers_sync();
-        const int chunk = (warp + pass) % W;
+    float* buf = sm.buf(warp & 1);
+    if (warp < 2) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
-          if (i / kPer != chunk) continue;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float2* x = reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + 8 * i + 2 * t4);
-            float2 v = make_float2(acc[i][2 * h] * f[h], acc[i][2 * h + 1] * f[h]);
-            if (pass > 0) {
-              const float2 y = *x;
-              v = make_float2(y.x + v.x, y.y + v.y);
-            }
-            *x = v;
-          }
+          *reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + 8 * i + 2 * t4) =
+              make_float2(acc[i][2 * h] * f[h], acc[i][2 * h + 1] * f[h]);
         }
       }
-    } else {
-      float* buf = sm.buf(warp & 1);
-      if (warp < 2) {
+    }
+    for (int pair = 1; pair < W / 2; ++pair) {
+      consumers_sync();
+      if ((warp >> 1) == pair) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
           for (int i = 0; i < D / 8; ++i) {
-            *reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + 8 * i + 2 * t4) =
-                make_float2(acc[i][2 * h] * f[h], acc[i][2 * h + 1] * f[h]);
-          }
-        }
-      }
-      for (int pair = 1; pair < W / 2; ++pair) {
-        consumers_sync();
-        if ((warp >> 1) == pair) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int i = 0; i < D / 8; ++i) {
-              float2* x = reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + 8 * i + 2 * t4);
-              const float2 y = *x;
-              *x = make_float2(y.x + acc[i][2 * h] * f[h], y.y + acc[i][2 * h + 1] * f[h]);
-            }
+            float2* x = reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + 8 * i + 2 * t4);
+            const float2 y = *x;
+            *x = make_float2(y.x + acc[i][2 * h] * f[h], y.y + acc[i][2 * h + 1] * f[h]);
           }
         }
       }
@@ -473,15 +447,11 @@ struct DecodeWarp {
       const int r = idx / (D / 8), c = idx % (D / 8);
       if (!out.row_valid(r)) continue;
       const float4* x = reinterpret_cast<const float4*>(sm.buf(0) + r * Pol::kOStride + 8 * c);
+      const float4* y = reinterpret_cast<const float4*>(sm.buf(1) + r * Pol::kOStride + 8 * c);
       const float sc = sm.row_scale()[r];
-      float4 x0 = x[0], x1 = x[1];
-      if constexpr (Pol::kEpiBuffers == 2) {
-        const float4* y = reinterpret_cast<const float4*>(sm.buf(1) + r * Pol::kOStride + 8 * c);
-        const float4 y0 = y[0], y1 = y[1];
-        x0 = make_float4(x0.x + y0.x, x0.y + y0.y, x0.z + y0.z, x0.w + y0.w);
-        x1 = make_float4(x1.x + y1.x, x1.y + y1.y, x1.z + y1.z, x1.w + y1.w);
-      }
-      const float v[8] = {x0.x * sc, x0.y * sc, x0.z * sc, x0.w * sc, x1.x * sc, x1.y * sc, x1.z * sc, x1.w * sc};
+      const float4 x0 = x[0], x1 = x[1], y0 = y[0], y1 = y[1];
+      const float v[8] = {(x0.x + y0.x) * sc, (x0.y + y0.y) * sc, (x0.z + y0.z) * sc, (x0.w + y0.w) * sc,
+                          (x1.x + y1.x) * sc, (x1.y + y1.y) * sc, (x1.z + y1.z) * sc, (x1.w + y1.w) * sc};
       out.store8(r, c, v);
     }
   }

@@ -8,14 +8,13 @@
 // default shape is the ring (a producer warp filling one ring of stages per CTA) with two
 // CTAs of four consumer warps per SM: against the portable decode +4 to +9% at 64 x 4k,
 // window 127 and the TP-8 rank's 256 x 2k and 64 x 8k, level at 1 x 32k (llama3-8b) and
-// 32 x 2k, -2% at llama3-8b 128 x 32k (H200 s13run2, docs/perf-notes/decode.md). Experiment knobs
-// (bench/prefill_variants.sh with KERNEL=decode): PAGEDMHA_DECODE_SM90_WARPS=w consumer
-// warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per warp tile,
+// 32 x 2k, -2% at llama3-8b 128 x 32k (H200 s13run2, docs/perf-notes/decode.md).
+// Experiment knobs (bench/prefill_variants.sh with KERNEL=decode):
+// PAGEDMHA_DECODE_SM90_WARPS=w consumer warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per
+// warp tile,
 // PAGEDMHA_DECODE_SM90_STAGES=s stages (per warp, or of the ring),
 // PAGEDMHA_DECODE_SM90_RING=0 a ring per warp, filled by the warp itself,
-// PAGEDMHA_DECODE_SM90_CTAS=c c CTAs per SM (each with 1 / c of the shared memory),
-// PAGEDMHA_DECODE_SM90_EPI_BUFS=1 one epilogue buffer (kernel.cuh
-// epilogue; a third ring stage at D = 128 with two CTAs per SM).
+// PAGEDMHA_DECODE_SM90_CTAS=c c CTAs per SM (each with 1 / c of the shared memory).
 #ifndef PAGEDMHA_DECODE_SM90_WARPS
 #define PAGEDMHA_DECODE_SM90_WARPS 4
 #endif
@@ -30,9 +29,6 @@
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_CTAS
 #define PAGEDMHA_DECODE_SM90_CTAS 2
-#endif
-#ifndef PAGEDMHA_DECODE_SM90_EPI_BUFS
-#define PAGEDMHA_DECODE_SM90_EPI_BUFS 2
 #endif
 #ifndef PAGEDMHA_DECODE_SM90
 #define PAGEDMHA_DECODE_SM90 1
@@ -63,7 +59,8 @@ struct DecodePolicy {
   // boundaries (Q load, the epilogue's CTA barriers) overlap the other's loads, as the
   // portable decode's three CTAs per SM do: one CTA of eight warps lost 6-28% to the
   // portable decode on small items (windows, the TP-8 rank: s11run1), two of four gain
-  // 3-10% there (s13run1).
+  // 3-10% there (s13run1). Three CTAs of two warps: windows +3 to +11%, 64 x 4k -3 to
+  // -5% (s13run3).
   static constexpr int kCtasPerSm = PAGEDMHA_DECODE_SM90_CTAS;
   static constexpr int kConsumerThreads = 32 * kWarps;
   static constexpr int kThreads = kConsumerThreads + (kRing ? 32 : 0);
@@ -88,13 +85,11 @@ struct DecodePolicy {
   // session): -6% at 1 x 32k, +1-3% elsewhere with two CTAs per SM (s13run2).
   // Epilogue: two fp32 [kRows][D + 8] buffers (warps 0 and 1 write, then each further
   // pair adds, 2 and 3 first: a fixed order, so results do not depend on timing), then
-  // (m, l) per warp and row and the row scales.
-  // With one buffer (experiment) the warps add their O in W passes, warp w taking column
-  // chunk (w + pass) % W in each (still a fixed order per element); its 8.5 KB less
-  // makes room for a third 32 KB stage per CTA at D = 128 with two CTAs per SM.
-  static constexpr int kEpiBuffers = PAGEDMHA_DECODE_SM90_EPI_BUFS;
+  // (m, l) per warp and row and the row scales. One buffer added to in W passes (room for
+  // a third stage at D = 128) was 0.8% faster at 128 x 32k and 2-14% slower on small items
+  // (two more CTA barriers per item: s13run3).
   static constexpr int kOStride = D + 8;
-  static constexpr int kEpiBytes = kEpiBuffers * kRows * kOStride * 4;
+  static constexpr int kEpiBytes = 2 * kRows * kOStride * 4;
   static constexpr int kStatBytes = (2 * kWarps * kRows + kRows) * 4;
   static constexpr int kMaxStages = 8;
   static constexpr int kBarrierBytes = 2 * kWarps * kMaxStages * 8;  // full; the ring's empty
@@ -113,7 +108,6 @@ struct DecodePolicy {
   static_assert(D == 64 || D == 128, "head dims of the Hopper decode (D = 256 stays portable)");
   static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
   static_assert(kWarps % 2 == 0 && kWarps <= 8, "warp pairs in the epilogue");
-  static_assert(kEpiBuffers == 2 || (kEpiBuffers == 1 && (D / 8) % kWarps == 0), "one column chunk per warp");
   static_assert(kStages >= 2 && kStages <= kMaxStages, "stages");
   // The ring's producer: one lane per (box, panel) of a stage, boxes of at least 8 keys
   // (paged_kv.cuh kv_tma_ok).
