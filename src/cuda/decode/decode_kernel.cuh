@@ -183,11 +183,8 @@ __global__ void __launch_bounds__(Tr::kThreads) decode_kernel(const AttentionArg
 template <int D, class T>
 __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a) {
   constexpr int kThreads = 128, kChunks = D / 8, kGroups = kThreads / kChunks, kUnroll = 4;
-  // One split's (m, l) per thread; two (splits tid and tid + kThreads) under a cap above
-  // kThreads (experiment, PAGEDMHA_DECODE_MAX_CAP).
-  constexpr int kPer = DecodeSplitPolicy::kMaxCap > kThreads ? 2 : 1;
-  static_assert(DecodeSplitPolicy::kMaxCap <= kPer * kThreads, "at most two splits' (m, l) per thread");
-  __shared__ float weight[kPer * kThreads];
+  static_assert(DecodeSplitPolicy::kMaxCap <= kThreads, "one split's (m, l) per thread");
+  __shared__ float weight[kThreads];
   __shared__ float red_m[kThreads / 32], red_l[kThreads / 32];
   __shared__ float4 part[kGroups][kChunks][2];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -202,27 +199,16 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a
   if (count <= 1) return;
 
   const int64_t slot0 = item * a.max_splits;
-  float2 ml[kPer];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int s = tid + k * kThreads;
-    ml[k] = s < count ? a.ws_ml[slot0 + s] : make_float2(-INFINITY, 0.0f);
-  }
-  float mx = ml[0].x;
-#pragma unroll
-  for (int k = 1; k < kPer; ++k) mx = fmaxf(mx, ml[k].x);
+  const float2 ml = tid < count ? a.ws_ml[slot0 + tid] : make_float2(-INFINITY, 0.0f);
+  float mx = ml.x;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if (lane == 0) red_m[warp] = mx;
   __syncthreads();
   mx = fmaxf(fmaxf(red_m[0], red_m[1]), fmaxf(red_m[2], red_m[3]));
-  float z = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const float w = ml[k].x == -INFINITY ? 0.0f : fast_exp2(ml[k].x - mx);  // exact power of two
-    weight[tid + k * kThreads] = w;
-    z = k == 0 ? ml[k].y * w : z + ml[k].y * w;
-  }
+  const float w = ml.x == -INFINITY ? 0.0f : fast_exp2(ml.x - mx);  // exact power of two
+  weight[tid] = w;
+  float z = ml.y * w;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
   if (lane == 0) red_l[warp] = z;

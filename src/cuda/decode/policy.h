@@ -11,14 +11,9 @@
 
 namespace pagedmha::cuda {
 
-// Experiment overrides of kMinSplitBytes and kMaxCap below (bench/prefill_variants.sh
-// with KERNEL=decode; a cap up to 256, which decode_merge_kernel then reads two splits'
-// (m, l) per thread for).
+// Experiment override of kMinSplitBytes below (bench/decode_variants.sh).
 #ifndef PAGEDMHA_DECODE_MIN_SPLIT_KB
 #define PAGEDMHA_DECODE_MIN_SPLIT_KB 128
-#endif
-#ifndef PAGEDMHA_DECODE_MAX_CAP
-#define PAGEDMHA_DECODE_MAX_CAP 128
 #endif
 
 struct DecodeSplitPolicy {
@@ -36,7 +31,7 @@ struct DecodeSplitPolicy {
   /// Split cap per request: kFillItems / Hkv within [32, 128]. The workspace holds
   /// max_splits partials per query row and head: rows * Hq * cap, from rows * G * 128
   /// (one KV head) to rows * G * 32 * Hkv (8 or more KV heads).
-  static constexpr int kMinCap = 32, kMaxCap = PAGEDMHA_DECODE_MAX_CAP;
+  static constexpr int kMinCap = 32, kMaxCap = 128;
 
   int split_keys;  // keys per split when the count follows the length
   int max_splits;  // cap on a request's splits (also forced counts)
@@ -62,7 +57,7 @@ struct DecodeSplitPolicy {
 constexpr int kDecodeSmemKB = PAGEDMHA_DECODE_SMEM_KB;
 
 static_assert(DecodeSplitPolicy::make(128, 2, 8).split_keys == 1024, "llama3-8b: 32 splits of 1024 keys at 32k");
-#if PAGEDMHA_DECODE_MIN_SPLIT_KB == 128 && PAGEDMHA_DECODE_MAX_CAP == 128
+#if PAGEDMHA_DECODE_MIN_SPLIT_KB == 128
 static_assert(DecodeSplitPolicy::make(128, 2, 1).split_keys == 256 &&
                   DecodeSplitPolicy::make(128, 2, 1).max_splits == 128,
               "one KV head: 128 splits of 256 keys at 32k");
