@@ -1,16 +1,15 @@
 // The Hopper decode kernel (sm_90a): split-KV decode and speculative verify with the G x
 // q_len query rows of a KV head packed into one m16 tile (mma.sync), K / V streamed by
 // TMA. Structure (policy.h):
-//   * persistent grid, one CTA per SM (policy.h kCtasPerSm), walking the work items (request, KV head, split)
-//     blockIdx.x, + gridDim.x, ...; the split of each request is decode/policy.h's (its
-//     own length only: results are bitwise the same in any batch);
-//   * each of the CTA's warps takes a contiguous share of an item's key tiles and owns a
-//     ring of stages with one mbarrier each: it issues a tile's TMA boxes (one per page
-//     and 64-column panel) from one lane per box, and after using a stage refills it with
-//     the next tile of its stream, which runs on into the CTA's next item (no drain
-//     between items, no producer warp and no CTA-wide barrier inside an item);
-//   * Q in registers (A fragments), S = Q K^T and O += P V by m16n8k16 from the swizzled
-//     stages, the online softmax of online_softmax.cuh, the variant of device_variant.cuh;
+//   * persistent grid, kCtasPerSm CTAs per SM, walking the work items (request, KV head,
+//     split) blockIdx.x, + gridDim.x, ...; the split of each request is decode/policy.h's
+//     (its own length only: results are bitwise the same in any batch);
+//   * a producer warp fills the CTA's ring of stages (kWarps x KW keys of K and V; one
+//     TMA box per page and 64-column panel, issued by its lanes in parallel; a full and
+//     an empty mbarrier per stage) and runs on into the CTA's next item without draining;
+//   * consumer warp w reads keys [w KW, w KW + KW) of every stage: Q in registers (A
+//     fragments), S = Q K^T and O += P V by m16n8k16 from the swizzled stages, the online
+//     softmax of online_softmax.cuh, the variant of device_variant.cuh;
 //   * the item's epilogue merges the warps' (m, l, O) in a fixed order and writes o and
 //     lse (one split) or the partials that decode_merge_kernel combines.
 #pragma once
@@ -40,30 +39,29 @@ struct DecodeSm90Params {
   PageGeometry geo;
 };
 
-/// Shared memory: each warp's stages (K tile, then V tile; [KW][D] as 64-column panels of
-/// 128-byte swizzled rows, sm90.cuh tile_offset), the epilogue buffers and statistics,
-/// then the full barriers.
+/// Shared memory: the ring's stages (K tile, then V tile; [kTileKeys][D] as 64-column
+/// panels of 128-byte swizzled rows, sm90.cuh tile_offset), the epilogue buffers and
+/// statistics, then the stages' full and empty barriers.
 template <class Pol>
 struct DecodeSmem {
   char* base;
   __device__ explicit DecodeSmem(char* raw)
       : base(reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023})) {}
-  static constexpr int kRingBytes = Pol::kRings * Pol::kStages * Pol::kStageBytes;
-  /// Stage s of warp w's ring (the CTA's ring: w ignored).
-  __device__ char* k(int w, int s) const { return base + ((Pol::kRing ? 0 : w) * Pol::kStages + s) * Pol::kStageBytes; }
-  __device__ char* v(int w, int s) const { return k(w, s) + Pol::kTileBytes; }
+  static constexpr int kRingBytes = Pol::kStages * Pol::kStageBytes;
+  __device__ char* k(int s) const { return base + s * Pol::kStageBytes; }
+  __device__ char* v(int s) const { return k(s) + Pol::kTileBytes; }
   __device__ float* buf(int i) const {
     return reinterpret_cast<float*>(base + kRingBytes) + i * Pol::kRows * Pol::kOStride;
   }
   __device__ float* stat_m() const { return buf(Pol::kEpiBuffers); }
   __device__ float* stat_l() const { return stat_m() + Pol::kWarps * Pol::kRows; }
   __device__ float* row_scale() const { return stat_l() + Pol::kWarps * Pol::kRows; }
-  __device__ uint64_t* full(int w, int s) const {
-    return reinterpret_cast<uint64_t*>(base + kRingBytes + Pol::kEpiBytes + Pol::kStatBytes) +
-           (Pol::kRing ? 0 : w) * Pol::kStages + s;
+  /// Stage s has landed.
+  __device__ uint64_t* full(int s) const {
+    return reinterpret_cast<uint64_t*>(base + kRingBytes + Pol::kEpiBytes + Pol::kStatBytes) + s;
   }
-  /// The CTA's ring: every consumer warp has read stage s.
-  __device__ uint64_t* empty(int s) const { return full(0, 0) + Pol::kMaxStages + s; }
+  /// Every consumer warp has read stage s.
+  __device__ uint64_t* empty(int s) const { return full(0) + Pol::kMaxStages + s; }
 };
 
 /// The work items of a batch as one warp walks them, 32 requests at a time: lane j holds
@@ -108,19 +106,18 @@ struct RequestScan {
   }
 };
 
-/// One work item as warp `warp` sees it: the rows' visible keys and the warp's share of
-/// the item's key tiles (tiles of kTileKeys keys; decode_split with a.split_tile =
-/// kTileKeys). With the CTA's ring every warp takes all of them (its slice of each).
+/// One work item: the rows' visible keys and the item's key tiles (tiles of kTileKeys
+/// keys, a stage each; decode_split with a.split_tile = kTileKeys).
 struct WarpItem {
   int b, kv_head, split, count, L;
   int lo, hi;            // keys any valid row sees (loaded)
   int full_lo, full_hi;  // keys every valid row sees (tiles inside skip the mask)
-  int t0, t1;            // the warp's tiles [t0, t1)
+  int t0, t1;            // the item's tiles [t0, t1)
   int row_lo, row_hi;    // lane r < 16: row r's keys (0, 0 for padding rows)
 };
 
 template <class Pol>
-__device__ __forceinline__ WarpItem warp_item(const AttentionArgs& a, int b, int local, int count, int L, int warp) {
+__device__ __forceinline__ WarpItem warp_item(const AttentionArgs& a, int b, int local, int count, int L) {
   constexpr int KW = Pol::kTileKeys;
   WarpItem it;
   it.b = b;
@@ -148,88 +145,10 @@ __device__ __forceinline__ WarpItem warp_item(const AttentionArgs& a, int b, int
   const int te = max(min(sp.t0 + static_cast<int>(static_cast<int64_t>(it.split + 1) * sp.nt / sp.count),
                          (hi + KW - 1) / KW),
                      tb);
-  const int n = te - tb;
-  it.t0 = Pol::kRing ? tb : tb + warp * n / Pol::kWarps;
-  it.t1 = Pol::kRing ? te : tb + (warp + 1) * n / Pol::kWarps;
+  it.t0 = tb;
+  it.t1 = te;
   return it;
 }
-
-/// A warp's load stream: its tiles of the CTA's items in order, one TMA tile at a time.
-/// Lane u * kPanels + c issues box u (one page, or KW rows of a larger page) of panel c;
-/// its page id is read when the cursor reaches the tile, a tile before it is issued.
-template <class Pol>
-struct LoadStream {
-  RequestScan scan;
-  int item, stride, warp;
-  bool done;
-  int kv_head, lo, hi, tile, tile_end;
-  const int32_t* pages;
-  int page;  // this lane's page id for `tile`
-
-  __device__ void start(const AttentionArgs& a, const PageGeometry& g, int first, int step, int w) {
-    scan.load(a, 0);
-    item = first - step;
-    stride = step;
-    warp = w;
-    next_item(a);
-    if (!done) fetch_page(g);
-  }
-
-  __device__ void next_item(const AttentionArgs& a) {
-    for (;;) {
-      item += stride;
-      int b, local, cnt, L;
-      if (!scan.locate(a, item, b, local, cnt, L)) {
-        done = true;
-        return;
-      }
-      const WarpItem it = warp_item<Pol>(a, b, local, cnt, L, warp);
-      if (it.t0 < it.t1) {
-        done = false;
-        kv_head = it.kv_head;
-        lo = it.lo;
-        hi = it.hi;
-        tile = it.t0;
-        tile_end = it.t1;
-        pages = a.page_table + int64_t{b} * a.page_table_row_stride;
-        return;
-      }
-    }
-  }
-
-  /// Box u of panel c of this lane, its first key, and whether it holds keys in [lo, hi).
-  __device__ bool my_box(const PageGeometry& g, int& u, int& c, int& pos) const {
-    const int lane = threadIdx.x & 31;
-    u = lane / Pol::kPanels;
-    c = lane % Pol::kPanels;
-    pos = tile * Pol::KW + u * g.box_rows;
-    return u < Pol::KW / g.box_rows && pos < hi && pos + g.box_rows > lo;
-  }
-
-  __device__ void fetch_page(const PageGeometry& g) {
-    int u, c, pos;
-    page = my_box(g, u, c, pos) ? __ldg(pages + g.col(pos)) : 0;
-  }
-
-  /// Issues `tile` into stage (k_dst, v_dst) with barrier `full`, then moves on.
-  __device__ void issue_and_advance(const DecodeSm90Params& p, char* k_dst, char* v_dst, uint64_t* full) {
-    const PageGeometry& g = p.geo;
-    int u, c, pos;
-    const bool mine = my_box(g, u, c, pos);
-    const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, mine));
-    if ((threadIdx.x & 31) == 0) {
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(full, boxes * 2 * g.box_rows * 128);
-    }
-    __syncwarp();
-    if (mine) {
-      const uint32_t off = c * Pol::KW * 128 + u * g.box_rows * 128;
-      tma_load_4d(&p.tm_k, full, k_dst + off, c * 64, kv_head, g.row(pos), page, kEvictFirst);
-      tma_load_4d(&p.tm_v, full, v_dst + off, c * 64, kv_head, g.row(pos), page, kEvictFirst);
-    }
-    if (++tile == tile_end) next_item(p.a);
-    if (!done) fetch_page(g);
-  }
-};
 
 template <class Pol, class T>
 struct DecodeWarp {
@@ -238,17 +157,11 @@ struct DecodeWarp {
   const DecodeSm90Params& p;
   const DecodeSmem<Pol> sm;
   int warp, lane;
-  int row0;  // the warp's first row of a stage: its slice of the CTA's ring, else 0
+  int row0;  // the warp's first row of a stage: its slice of the ring
 
   __device__ void run() {
     const AttentionArgs& a = p.a;
     const DeviceVariant<> var{a};
-    LoadStream<Pol> ls;
-    if constexpr (!Pol::kRing) {
-      ls.start(a, p.geo, blockIdx.x, gridDim.x, warp);
-      for (int s = 0; s < S && !ls.done; ++s) ls.issue_and_advance(p, sm.k(warp, s), sm.v(warp, s), sm.full(warp, s));
-    }
-
     PipeState<S> st;
     RequestScan scan;
     scan.load(a, 0);
@@ -256,7 +169,7 @@ struct DecodeWarp {
     for (int item = blockIdx.x;; item += gridDim.x) {
       int b, local, cnt, L;
       if (!scan.locate(a, item, b, local, cnt, L)) break;
-      const WarpItem it = warp_item<Pol>(a, b, local, cnt, L, warp);
+      const WarpItem it = warp_item<Pol>(a, b, local, cnt, L);
       const DecodeRows rows{a, b, it.kv_head, 0, L};
       float acc[D / 8][4];
 #pragma unroll
@@ -276,30 +189,24 @@ struct DecodeWarp {
           hi[h] = __shfl_sync(0xffffffffu, it.row_hi, g + 8 * h);
         }
         for (int tile = it.t0; tile < it.t1; ++tile) {
-          wait(sm.full(warp, st.slot), st.phase);
+          wait(sm.full(st.slot), st.phase);
           const int key0 = tile * TK + row0;
           // V rows outside the keys any row sees (past L: whatever the page holds; before
           // a window's start, or of skipped boxes: stale rows) must not meet a zero
           // probability: zero them, as the portable loader zero-fills (K's are masked).
           const bool edge = key0 < it.lo || key0 + KW > it.hi;
-          if (edge) zero_rows_outside(sm.v(warp, st.slot), min(max(it.lo - key0, 0), KW), min(max(it.hi - key0, 0), KW));
+          if (edge) zero_rows_outside(sm.v(st.slot), min(max(it.lo - key0, 0), KW), min(max(it.hi - key0, 0), KW));
           float s[KW / 8][4];
-          qk(qa, smem_addr(sm.k(warp, st.slot)), s);
+          qk(qa, smem_addr(sm.k(st.slot)), s);
           var.template transform<false>(s);
           if (!(key0 >= it.full_lo && key0 + KW <= it.full_hi)) mask_keys(s, key0, t4, lo, hi);
           // ftz: split results are compared within an ulp, not bitwise, across split
           // counts, and a request's splits never depend on the batch (decode/policy.h).
           smx.template update<KW / 8, D / 8, true>(s, acc);
-          pv(s, smem_addr(sm.v(warp, st.slot)), acc);
-          if constexpr (Pol::kRing) {
-            if (edge) fence_async_smem();  // the zeroing (generic proxy) before the producer's next TMA write
-            __syncwarp();                  // every lane's reads of the stage are done before it is released
-            if (lane == 0) arrive(sm.empty(st.slot));
-          } else {
-            __syncwarp();  // every lane's reads of the stage are done before it is refilled
-            if (edge) fence_async_smem();  // the zeroing (generic proxy) before the next TMA write
-            if (!ls.done) ls.issue_and_advance(p, sm.k(warp, st.slot), sm.v(warp, st.slot), sm.full(warp, st.slot));
-          }
+          pv(s, smem_addr(sm.v(st.slot)), acc);
+          if (edge) fence_async_smem();  // the zeroing (generic proxy) before the producer's next TMA write
+          __syncwarp();                  // every lane's reads of the stage are done before it is released
+          if (lane == 0) arrive(sm.empty(st.slot));
           st.advance();
         }
       }
@@ -381,14 +288,8 @@ struct DecodeWarp {
     }
   }
 
-  /// The consumer warps' barrier: the CTA's, or named barrier 1 beside the ring's producer.
-  __device__ static void consumers_sync() {
-    if constexpr (Pol::kRing) {
-      named_sync(1, Pol::kConsumerThreads);
-    } else {
-      __syncthreads();
-    }
-  }
+  /// The consumer warps' barrier: named barrier 1, beside the ring's producer.
+  __device__ static void consumers_sync() { named_sync(1, Pol::kConsumerThreads); }
 
   /// The epilogue with a buffer per warp (Pol::kEpiPerWarp, experiment): each warp
   /// stores its (m, l) and its O unscaled; then the thread of row r and columns
@@ -516,7 +417,7 @@ struct DecodeWarp {
   }
 };
 
-/// The ring's producer warp (policy.h kRing): it walks the CTA's items as the consumer
+/// The ring's producer warp: it walks the CTA's items as the consumer
 /// warps do and loads each item's stages [tb, tb + n) into the ring, waiting for a
 /// stage's empty barrier (every consumer warp has read its slice). Lane u * kPanels + c
 /// issues box u (a page, or kTileKeys rows of a larger page) of panel c; its page id for
@@ -546,7 +447,7 @@ struct DecodeRingProducer {
     for (int item = blockIdx.x;; item += gridDim.x) {
       int b, local, cnt, L;
       if (!scan.locate(a, item, b, local, cnt, L)) break;
-      const WarpItem it = warp_item<Pol>(a, b, local, cnt, L, 0);
+      const WarpItem it = warp_item<Pol>(a, b, local, cnt, L);
       if (it.t0 >= it.t1) continue;
       const int32_t* pages = a.page_table + int64_t{b} * a.page_table_row_stride;
       int pos, c;
@@ -558,14 +459,14 @@ struct DecodeRingProducer {
         wait(sm.empty(st.slot), st.phase ^ 1);
         const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, mine));
         if (lane == 0) {
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(sm.full(0, st.slot), boxes * 2 * g.box_rows * 128);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(sm.full(st.slot), boxes * 2 * g.box_rows * 128);
         }
         __syncwarp();
         if (mine) {
           const uint32_t off = c * TK * 128 + (pos - tile * TK) * 128;
-          tma_load_4d(&p.tm_k, sm.full(0, st.slot), sm.k(0, st.slot) + off, c * 64, it.kv_head, g.row(pos), page,
+          tma_load_4d(&p.tm_k, sm.full(st.slot), sm.k(st.slot) + off, c * 64, it.kv_head, g.row(pos), page,
                       kEvictFirst);
-          tma_load_4d(&p.tm_v, sm.full(0, st.slot), sm.v(0, st.slot) + off, c * 64, it.kv_head, g.row(pos), page,
+          tma_load_4d(&p.tm_v, sm.full(st.slot), sm.v(st.slot) + off, c * 64, it.kv_head, g.row(pos), page,
                       kEvictFirst);
         }
         st.advance();
@@ -583,28 +484,22 @@ __global__ void __launch_bounds__(DecodePolicy<D>::kThreads, DecodePolicy<D>::kC
   const DecodeSmem<Pol> sm(smem_raw);
   const int tid = threadIdx.x;
   if (tid == 0) {
-    for (int w = 0; w < Pol::kRings; ++w) {
-      for (int s = 0; s < Pol::kStages; ++s) Barrier::init(sm.full(w, s), 1);
-    }
-    if constexpr (Pol::kRing) {
-      for (int s = 0; s < Pol::kStages; ++s) Barrier::init(sm.empty(s), Pol::kWarps);
-    }
+    for (int s = 0; s < Pol::kStages; ++s) Barrier::init(sm.full(s), 1);
+    for (int s = 0; s < Pol::kStages; ++s) Barrier::init(sm.empty(s), Pol::kWarps);
     cutlass::arch::fence_barrier_init();
   }
   // V rows a tile does not load meet probability 0: the stages start finite (zero).
-  for (int w = 0; w < Pol::kRings; ++w) {
-    for (int s = 0; s < Pol::kStages; ++s) {
-      uint4* v = reinterpret_cast<uint4*>(sm.v(w, s));
-      for (int i = tid; i < Pol::kTileBytes / 16; i += Pol::kThreads) v[i] = make_uint4(0, 0, 0, 0);
-    }
+  for (int s = 0; s < Pol::kStages; ++s) {
+    uint4* v = reinterpret_cast<uint4*>(sm.v(s));
+    for (int i = tid; i < Pol::kTileBytes / 16; i += Pol::kThreads) v[i] = make_uint4(0, 0, 0, 0);
   }
   fence_async_smem();
   __syncthreads();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the merge may start its CTAs
-  if (Pol::kRing && tid >= Pol::kConsumerThreads) {
+  if (tid >= Pol::kConsumerThreads) {
     DecodeRingProducer<Pol>{p, sm, tid & 31}.run();
   } else {
-    DecodeWarp<Pol, T>{p, sm, tid >> 5, tid & 31, Pol::kRing ? (tid >> 5) * Pol::KW : 0}.run();
+    DecodeWarp<Pol, T>{p, sm, tid >> 5, tid & 31, (tid >> 5) * Pol::KW}.run();
   }
 #endif
 }

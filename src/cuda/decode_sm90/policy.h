@@ -13,7 +13,6 @@
 // PAGEDMHA_DECODE_SM90_WARPS=w consumer warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per
 // warp tile,
 // PAGEDMHA_DECODE_SM90_STAGES=s stages (per warp, or of the ring),
-// PAGEDMHA_DECODE_SM90_RING=0 a ring per warp, filled by the warp itself,
 // PAGEDMHA_DECODE_SM90_CTAS=c c CTAs per SM (each with 1 / c of the shared memory),
 // PAGEDMHA_DECODE_SM90_EPI_PER_WARP=1 an epilogue buffer per warp (two CTA barriers per
 // item instead of three).
@@ -25,9 +24,6 @@
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_STAGES
 #define PAGEDMHA_DECODE_SM90_STAGES 0
-#endif
-#ifndef PAGEDMHA_DECODE_SM90_RING
-#define PAGEDMHA_DECODE_SM90_RING 1
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_CTAS
 #define PAGEDMHA_DECODE_SM90_CTAS 2
@@ -57,9 +53,9 @@ struct DecodePolicy {
   // One CTA-wide ring: a producer warp loads stages of kWarps x KW keys, one full barrier
   // and one empty barrier (kWarps arrivals) per stage, the boxes of a stage issued by its
   // lanes in parallel, page ids a stage ahead. A producer warp issuing every warp's 16-key
-  // tiles one at a time lost 20-35% (3524b1d); the ring beats per-warp streams (RING=0,
-  // each warp loading its own) everywhere, +3 to +39% (H200 s11run1).
-  static constexpr bool kRing = PAGEDMHA_DECODE_SM90_RING != 0;
+  // tiles one at a time lost 20-35% (3524b1d); the ring beat per-warp streams (each warp
+  // loading its own tiles, the sixth session's form, removed in the thirteenth)
+  // everywhere, +3 to +39% (H200 s11run1).
   // CTAs per SM: two (2 x 160 threads fit the consumers' ~170 registers). One CTA's item
   // boundaries (Q load, the epilogue's CTA barriers) overlap the other's loads, as the
   // portable decode's three CTAs per SM do: one CTA of eight warps lost 6-28% to the
@@ -68,24 +64,21 @@ struct DecodePolicy {
   // -5% (s13run3).
   static constexpr int kCtasPerSm = PAGEDMHA_DECODE_SM90_CTAS;
   static constexpr int kConsumerThreads = 32 * kWarps;
-  static constexpr int kThreads = kConsumerThreads + (kRing ? 32 : 0);
+  static constexpr int kThreads = kConsumerThreads + 32;  // and the producer warp
   // The G * q_len query rows of a KV head in one m16 tile (mma.sync m16n8k16): decode
   // rows are few (G = 4..8), so wgmma's 64-row minimum would waste 3/4 or more of it.
   static constexpr int kRows = 16;
   // Keys per warp tile: 32 (S in 16 registers: half the per-tile costs of 16 keys, the
-  // barrier wait, row maxima and rescale test); 16 at D = 128 with eight warps, whose
-  // 8 KB tiles keep three stages per warp in shared memory (with two CTAs per SM, two
-  // 32 KB ring stages per CTA).
+  // barrier wait, row maxima and rescale test); 16 at D = 128 with eight warps or two
+  // CTAs per SM, where 32 would leave room for one 64 KB stage only.
   static constexpr int KW = PAGEDMHA_DECODE_SM90_KW > 0 ? PAGEDMHA_DECODE_SM90_KW
                             : (D == 128 && (kWarps > 4 || kCtasPerSm > 1) ? 16 : 32);
   static constexpr int kPanels = D / 64;  // 128-byte swizzled panels of a 16-bit row
   static constexpr int kChunks = D / 8;   // 16-byte chunks of a row
-  // Keys of a stage (decode_split's tile, a.split_tile): a warp tile, or with the ring
-  // every consumer warp's.
-  static constexpr int kTileKeys = kRing ? kWarps * KW : KW;
+  // Keys of a stage (decode_split's tile, a.split_tile): every consumer warp's tile.
+  static constexpr int kTileKeys = kWarps * KW;
   static constexpr int kTileBytes = kTileKeys * D * 2;  // K or V of one stage
   static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kRings = kRing ? 1 : kWarps;
   // Not here: the ring's producer copying each item's Q into shared slots (twelfth
   // session): -6% at 1 x 32k, +1-3% elsewhere with two CTAs per SM (s13run2).
   // Epilogue: two fp32 [kRows][D + 8] buffers (warps 0 and 1 write, then each further
@@ -102,18 +95,17 @@ struct DecodePolicy {
   static constexpr int kEpiBytes = kEpiBuffers * kRows * kOStride * 4;
   static constexpr int kStatBytes = (2 * kWarps * kRows + kRows) * 4;
   static constexpr int kMaxStages = 8;
-  static constexpr int kBarrierBytes = 2 * kWarps * kMaxStages * 8;  // full; the ring's empty
-  // Stages per warp: as many as the SM's shared memory holds (eight warps: 3 at D = 64
-  // and D = 128, 192 KB of K / V per SM); with kCtasPerSm CTAs, the CTA's share (228 KB
-  // per SM, 1 KB of it reserved per CTA).
+  static constexpr int kBarrierBytes = 2 * kMaxStages * 8;  // full, then empty
+  // Stages: as many as the CTA's share of the SM's shared memory holds (228 KB per SM,
+  // 1 KB of it reserved per CTA): with two CTAs 2 at D = 128 and 3 at D = 64.
   static constexpr int kSmemPerCta = kCtasPerSm == 1 ? 227 * 1024 : 228 * 1024 / kCtasPerSm - 1024;
   static constexpr int kStagesFit =
-      (kSmemPerCta - 1024 - kEpiBytes - kStatBytes - kBarrierBytes) / (kRings * kStageBytes);
+      (kSmemPerCta - 1024 - kEpiBytes - kStatBytes - kBarrierBytes) / kStageBytes;
   static constexpr int kStages = PAGEDMHA_DECODE_SM90_STAGES > 0 ? PAGEDMHA_DECODE_SM90_STAGES
                                  : kStagesFit < kMaxStages      ? kStagesFit
                                                                 : kMaxStages;
   static constexpr int kSmemBytes =
-      1024 /* alignment */ + kRings * kStages * kStageBytes + kEpiBytes + kStatBytes + kBarrierBytes;
+      1024 /* alignment */ + kStages * kStageBytes + kEpiBytes + kStatBytes + kBarrierBytes;
 
   static_assert(D == 64 || D == 128, "head dims of the Hopper decode (D = 256 stays portable)");
   static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
@@ -121,7 +113,7 @@ struct DecodePolicy {
   static_assert(kStages >= 2 && kStages <= kMaxStages, "stages");
   // The ring's producer: one lane per (box, panel) of a stage, boxes of at least 8 keys
   // (paged_kv.cuh kv_tma_ok).
-  static_assert(!kRing || kTileKeys / 8 * kPanels <= 32, "one lane per box of a stage");
+  static_assert(kTileKeys / 8 * kPanels <= 32, "one lane per box of a stage");
   static_assert(kSmemBytes <= kSmemPerCta, "shared memory");
   static_assert(kCtasPerSm == 1 || kThreads * kCtasPerSm <= 320, "registers for the consumers (~170 each)");
 };
