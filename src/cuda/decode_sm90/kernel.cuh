@@ -300,6 +300,7 @@ struct DecodeWarp {
   __device__ void epilogue_per_warp(const SoftmaxRows& smx, const float (&acc)[D / 8][4], const Out& out) const {
     constexpr int kChunks = D / 8;
     static_assert(32 % kChunks == 0, "a row's chunks in one warp");
+    static_assert(R * kChunks % 32 == 0, "whole warps in every pass of the final loop");
     const int g = lane >> 2, t4 = lane & 3, tid = threadIdx.x;
     consumers_sync();  // every warp's reads of the previous item's buffers are done
     if (t4 == 0) {

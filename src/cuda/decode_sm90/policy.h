@@ -87,7 +87,7 @@ struct DecodePolicy {
   // a third stage at D = 128) was 0.8% faster at 128 x 32k and 2-14% slower on small items
   // (two more CTA barriers per item: s13run3).
   // A buffer per warp (experiment, off): each warp stores its O unscaled, and the final
-  // pass weighs the warps' rows itself; two CTA barriers per item instead of three, for
+  // pass weighs the warps' rows itself; two CTA barriers per item instead of W / 2 + 1, for
   // 17 KB more at D = 128 (still two stages) and 9 KB at D = 64 (two stages, from three).
   static constexpr bool kEpiPerWarp = PAGEDMHA_DECODE_SM90_EPI_PER_WARP != 0;
   static constexpr int kEpiBuffers = kEpiPerWarp ? kWarps : 2;
