@@ -293,8 +293,8 @@ struct DecodeWarp {
 
   /// The epilogue with a buffer per warp (Pol::kEpiPerWarp, experiment): each warp
   /// stores its (m, l) and its O unscaled; then the thread of row r and columns
-  /// [8c, 8c + 8) adds the warps' O weighted by exp2(m_w - m_all) (powers of two, exact)
-  /// in warp order, and the row's lane of chunk 0 calls out.finish_row (once per row)
+  /// [8c, 8c + 8) takes the row's (m_all, l_all) from merge_warp_rows and adds the warps'
+  /// O weighted by exp2(m_w - m_all) (powers of two, exact) in warp order, and the row's lane of chunk 0 calls out.finish_row (once per row)
   /// and hands the scale to the row's other lanes.
   template <class Out>
   __device__ void epilogue_per_warp(const SoftmaxRows& smx, const float (&acc)[D / 8][4], const Out& out) const {
@@ -324,15 +324,12 @@ struct DecodeWarp {
     // consumer threads' count or smaller), so the shuffle sees whole warps.
     for (int idx = tid; idx < R * kChunks; idx += Pol::kConsumerThreads) {
       const int r = idx / kChunks, c = idx % kChunks;
-      float m_all = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, sm.stat_m()[w * R + r]);
-      float l_all = 0.0f, v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      float m_all, l_all, v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      merge_warp_rows<W>(sm.stat_m(), sm.stat_l(), R, r, m_all, l_all);
 #pragma unroll
       for (int w = 0; w < W; ++w) {
         const float mw = sm.stat_m()[w * R + r];
         const float fw = mw == -INFINITY ? 0.0f : fast_exp2(mw - m_all);
-        l_all += sm.stat_l()[w * R + r] * fw;
         const float4* x = reinterpret_cast<const float4*>(sm.buf(w) + r * Pol::kOStride + 8 * c);
         const float4 x0 = x[0], x1 = x[1];
         v[0] += x0.x * fw, v[1] += x0.y * fw, v[2] += x0.z * fw, v[3] += x0.w * fw;
