@@ -4,8 +4,32 @@
 # launches). Needs a CUDA build (default build/cuda) and ncu; prints the metrics.
 #
 #   bash bench/decode_ncu.sh ['^decode llama3-70b-tp8 256x2k q1 p16' ...]
+#
+# VARIANT=<name> profiles instead a binary that `KERNEL=decode bash bench/prefill_variants.sh
+# <name>:<flags>` built (build/variants-decode/<name>), on shape indices of its list
+# (default 4 10 12 8 6), with ncu's SpeedOfLight, MemoryWorkloadAnalysis, WarpStateStats,
+# SchedulerStats, Occupancy and LaunchStats sections, of NCU_KERNEL (default
+# decode_sm90_kernel; decode_kernel for a build with -DPAGEDMHA_DECODE_SM90=0):
+#
+#   VARIANT=default bash bench/decode_ncu.sh [4 10 ...]
+#   VARIANT=portable NCU_KERNEL=decode_kernel bash bench/decode_ncu.sh 4 12
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ -n "${VARIANT:-}" ]; then
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  bin=build/variants-decode/$VARIANT
+  [ -x "$bin" ] || { echo "decode_ncu: $bin not built (bench/prefill_variants.sh)" >&2; exit 2; }
+  shapes=("$@")
+  [ ${#shapes[@]} -eq 0 ] && shapes=(4 10 12 8 6)
+  for sh in "${shapes[@]}"; do
+    echo "=== $VARIANT shape $sh"
+    timeout 120 "$ncu" -k "regex:${NCU_KERNEL:-decode_sm90_kernel}" --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section Occupancy --section LaunchStats \
+      "$bin" "$VARIANT" "${TMPDIR:-/tmp}/decode-ncu.jsonl" "$sh" 2>&1 | grep -v -E '^==PROF==|^\s*$|----'
+  done
+  exit 0
+fi
 build=${PAGEDMHA_BUILD_DIR:-$PWD/build/cuda}
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 filters=("$@")
