@@ -4,7 +4,7 @@
 // events (kernels of milliseconds: launch cost is noise). Prints one line per shape and
 // appends JSON records (PERFORMANCE.md's schema plus "variant") to the file given.
 //
-//   prefill_sm90_variants <variant name> <out.jsonl> [shape indices, e.g. 0,3]
+//   [PREFILL_VARIANTS_DUMP=<dir>] prefill_sm90_variants <variant name> <out.jsonl> [shape indices, e.g. 0,3]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,6 +32,25 @@ struct Shape {
   int hq, hkv, d, batch, seq, page;
   bool fp8 = false;  // e4m3 K / V
 };
+
+/// With PREFILL_VARIANTS_DUMP=<dir>: every 61st output value (fp32) of the shape to
+/// <dir>/<variant>-<model>-<batch>x<seq>-p<page>-<kv>.bin, so that a script can compare a
+/// variant's output with the default build's (same inputs: fixed seeds and page order).
+const char* g_variant = "";
+void dump_output(const Shape& s, const __nv_bfloat16* o, int64_t n) {
+  const char* dir = std::getenv("PREFILL_VARIANTS_DUMP");
+  if (dir == nullptr || *dir == 0) return;
+  std::vector<__nv_bfloat16> h(n);
+  CHECK(cudaMemcpy(h.data(), o, n * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> sample;
+  for (int64_t i = 0; i < n; i += 61) sample.push_back(__bfloat162float(h[i]));
+  const std::string path = std::string(dir) + "/" + g_variant + "-" + s.model + "-" + std::to_string(s.batch) + "x" +
+                           std::to_string(s.seq) + "-p" + std::to_string(s.page) + "-" + (s.fp8 ? "fp8" : "bf16") + ".bin";
+  if (FILE* f = std::fopen(path.c_str(), "wb")) {
+    std::fwrite(sample.data(), 4, sample.size(), f);
+    std::fclose(f);
+  }
+}
 
 template <int D, bool kFp8>
 double run_shape(const Shape& s, int sms, cudaStream_t stream) {
@@ -86,6 +105,8 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   const AttentionArgs a = make_attention_args(p);
   auto launch = [&] { sm90::run_prefill<D, __nv_bfloat16, KV>(p, a, sms, stream); };
   launch();
+  CHECK(cudaStreamSynchronize(stream));
+  dump_output(s, o, rows * s.hq * D);
   launch();
   CHECK(cudaStreamSynchronize(stream));
   cudaEvent_t e0, e1;
@@ -126,6 +147,7 @@ const Shape kShapes[] = {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1) g_variant = argv[1];
   return variants::run_shapes(argc, argv, kShapes, [&](const Shape& s, int sms, cudaStream_t stream, FILE* out) {
     const double us = s.d == 256   ? run_shape<256, false>(s, sms, stream)
                       : s.d == 128 ? (s.fp8 ? run_shape<128, true>(s, sms, stream) : run_shape<128, false>(s, sms, stream))

@@ -302,7 +302,7 @@ struct Consumer {
     }
     const float fold = var.transform(s);
     if (!(key0 >= t.keys.common_lo && key0 + 8 * NS <= t.keys.common_hi)) mask(s, key0, t);
-    smx.template step<NS, Pol::kFtzExp2>(s, fold, alpha);
+    smx.template step<NS, Pol::kFtzExp2, Pol::kExp2PolyEvery>(s, fold, alpha);
   }
 
   /// Direct output: o = acc * scale (sink counted once, empty rows 0), lse in natural log.

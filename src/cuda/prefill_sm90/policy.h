@@ -27,7 +27,8 @@
 // the staging slots instead of converting in place (D = 128, two producer warpgroups),
 // PAGEDMHA_SM90_FP8_DIAG=1 leaves the fp8 conversion out (a stage counts as full once its
 // raw tile has landed) and =2 its stores (loads and conversions remain): diagnostics of
-// what the conversion costs the consumers, wrong results.
+// what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_EXP2_POLY=r
+// exponentiates every r-th S fragment by a polynomial instead of the MUFU.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -78,6 +79,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_Q_SLOTS
 #define PAGEDMHA_SM90_Q_SLOTS 0
+#endif
+#ifndef PAGEDMHA_SM90_EXP2_POLY
+#define PAGEDMHA_SM90_EXP2_POLY 0
 #endif
 #ifndef PAGEDMHA_SM90_K_STAGES
 #define PAGEDMHA_SM90_K_STAGES 0
@@ -176,6 +180,9 @@ struct PrefillPolicy {
   // docs/perf-notes/prefill-sm90.md). No split-KV here, so nothing is compared bitwise across key
   // ranges. PAGEDMHA_SM90_FTZ=0 restores the plain ex2 (experiment).
   static constexpr bool kFtzExp2 = PAGEDMHA_SM90_FTZ != 0;
+  // Every r-th S fragment's probabilities by a polynomial on the FMA pipe instead of the
+  // MUFU (online_softmax.cuh exp2_poly): 0 = none (experiment, PAGEDMHA_SM90_EXP2_POLY=r).
+  static constexpr int kExp2PolyEvery = PAGEDMHA_SM90_EXP2_POLY;
   // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
   // on every shape, s13run1). The half key tile of consumer.cuh first_step has no knob:
   // +1 to +3% at D = 128 and 64, +2% at gemma 4 x 4k (s13run1;
