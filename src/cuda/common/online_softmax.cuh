@@ -76,7 +76,8 @@ struct SoftmaxRows {
   /// across 2^-126 and so flush it on one side only).
   /// kPolyEvery = r > 0: the probabilities of fragments i = r - 1, 2r - 1, .. through
   /// exp2_poly instead of the MUFU (1 / r of them; not in the huge branch, nor alpha).
-  template <int NS, bool kFtz = false, int kPolyEvery = 0>
+  /// kSum = false leaves l alone (the Hopper prefill's row sums by wgmma).
+  template <int NS, bool kFtz = false, int kPolyEvery = 0, bool kSum = true>
   __device__ __forceinline__ void step(float (&s)[NS][4], float scale, float (&alpha)[2]) {
     const auto ex2 = [](float x) { return kFtz ? fast_exp2_ftz(x) : fast_exp2(x); };
     float ref[2];
@@ -111,7 +112,7 @@ struct SoftmaxRows {
         for (int i = 0; i < NS; ++i) {
           s[i][2 * h] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][2 * h], scale), ref[h]), 0.0f));
           s[i][2 * h + 1] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][2 * h + 1], scale), ref[h]), 0.0f));
-          sum += s[i][2 * h] + s[i][2 * h + 1];
+          if constexpr (kSum) sum += s[i][2 * h] + s[i][2 * h + 1];
         }
       } else {
 #pragma unroll
@@ -123,10 +124,10 @@ struct SoftmaxRows {
             s[i][2 * h] = ex2(fmaf(s[i][2 * h], scale, -ref[h]));
             s[i][2 * h + 1] = ex2(fmaf(s[i][2 * h + 1], scale, -ref[h]));
           }
-          sum += s[i][2 * h] + s[i][2 * h + 1];
+          if constexpr (kSum) sum += s[i][2 * h] + s[i][2 * h + 1];
         }
       }
-      l[h] = l[h] * alpha[h] + sum;
+      if constexpr (kSum) l[h] = l[h] * alpha[h] + sum;
     }
   }
 
@@ -139,6 +140,23 @@ struct SoftmaxRows {
       for (int i = 0; i < ND; ++i) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][e] *= alpha[e >> 1];
+      }
+    }
+  }
+
+  /// Two accumulators of the same rows (one vote).
+  template <int ND, int NE>
+  __device__ __forceinline__ static void rescale(float (&a)[ND][4], float (&b)[NE][4], const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+      for (int i = 0; i < ND; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[i][e] *= alpha[e >> 1];
+      }
+#pragma unroll
+      for (int i = 0; i < NE; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) b[i][e] *= alpha[e >> 1];
       }
     }
   }

@@ -28,7 +28,8 @@
 // PAGEDMHA_SM90_FP8_DIAG=1 leaves the fp8 conversion out (a stage counts as full once its
 // raw tile has landed) and =2 its stores (loads and conversions remain): diagnostics of
 // what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_EXP2_POLY=r
-// exponentiates every r-th S fragment by a polynomial instead of the MUFU.
+// exponentiates every r-th S fragment by a polynomial instead of the MUFU,
+// PAGEDMHA_SM90_ROWSUM_MMA=1 computes the row sums by wgmma.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -82,6 +83,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_EXP2_POLY
 #define PAGEDMHA_SM90_EXP2_POLY 0
+#endif
+#ifndef PAGEDMHA_SM90_ROWSUM_MMA
+#define PAGEDMHA_SM90_ROWSUM_MMA 0
 #endif
 #ifndef PAGEDMHA_SM90_K_STAGES
 #define PAGEDMHA_SM90_K_STAGES 0
@@ -183,6 +187,11 @@ struct PrefillPolicy {
   // Every r-th S fragment's probabilities by a polynomial on the FMA pipe instead of the
   // MUFU (online_softmax.cuh exp2_poly): 0 = none (experiment, PAGEDMHA_SM90_EXP2_POLY=r).
   static constexpr int kExp2PolyEvery = PAGEDMHA_SM90_EXP2_POLY;
+  // The softmax's row sums by the tensor cores: P times a 16 x 8 block of ones in shared
+  // memory, one m64n8k16 wgmma per k16 step of P V, into an accumulator rescaled with O,
+  // instead of one FADD per probability on the consumers' path (experiment, off).
+  static constexpr bool kRowSumMma = PAGEDMHA_SM90_ROWSUM_MMA != 0;
+  static constexpr int kOnesBytes = kRowSumMma ? 512 : 0;
   // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
   // on every shape, s13run1). The half key tile of consumer.cuh first_step has no knob:
   // +1 to +3% at D = 128 and 64, +2% at gemma 4 x 4k (s13run1;
@@ -208,7 +217,7 @@ struct PrefillPolicy {
   // stages are held longer than K stages (a tile's P V is issued with the next tile's QK),
   // so an odd tile goes to V.
   static constexpr int tiles_fit(int q_slots) {
-    return (227 * 1024 - 1024 - q_slots * kQBytes - kRawSlots * kRawBytes - kBarrierBytes) / kTileBytes;
+    return (227 * 1024 - 1024 - q_slots * kQBytes - kRawSlots * kRawBytes - kBarrierBytes - kOnesBytes) / kTileBytes;
   }
   static constexpr int kStagesWanted = PAGEDMHA_SM90_STAGES > 0 ? PAGEDMHA_SM90_STAGES : 4;
   static constexpr int clamp_stages(int want, int most) { return want < most ? want : most; }
@@ -229,7 +238,7 @@ struct PrefillPolicy {
       clamp_stages(PAGEDMHA_SM90_V_STAGES > 0 ? PAGEDMHA_SM90_V_STAGES : kStagesWanted, kTilesFit - kKStages);
   static_assert(kKStages >= 2 && kVStages >= 2, "two stages at least");
   static constexpr int kSmemBytes = 1024 /* alignment slack */ + kQSlots * kQBytes +
-                                    (kKStages + kVStages) * kTileBytes + kRawSlots * kRawBytes + kBarrierBytes;
+                                    (kKStages + kVStages) * kTileBytes + kRawSlots * kRawBytes + kBarrierBytes + kOnesBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
