@@ -291,69 +291,12 @@ struct DecodeWarp {
   /// The consumer warps' barrier: named barrier 1, beside the ring's producer.
   __device__ static void consumers_sync() { named_sync(1, Pol::kConsumerThreads); }
 
-  /// The epilogue with a buffer per warp (Pol::kEpiPerWarp, experiment): each warp
-  /// stores its (m, l) and its O unscaled; then the thread of row r and columns
-  /// [8c, 8c + 8) takes the row's (m_all, l_all) from merge_warp_rows and adds the warps'
-  /// O weighted by exp2(m_w - m_all) (powers of two, exact) in warp order, and the row's lane of chunk 0 calls out.finish_row (once per row)
-  /// and hands the scale to the row's other lanes.
-  template <class Out>
-  __device__ void epilogue_per_warp(const SoftmaxRows& smx, const float (&acc)[D / 8][4], const Out& out) const {
-    constexpr int kChunks = D / 8;
-    static_assert(32 % kChunks == 0, "a row's chunks in one warp");
-    static_assert(R * kChunks % 32 == 0, "whole warps in every pass of the final loop");
-    const int g = lane >> 2, t4 = lane & 3, tid = threadIdx.x;
-    consumers_sync();  // every warp's reads of the previous item's buffers are done
-    if (t4 == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sm.stat_m()[warp * R + g + 8 * h] = smx.m[h];
-        sm.stat_l()[warp * R + g + 8 * h] = smx.l[h];
-      }
-    }
-    float* buf = sm.buf(warp);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        *reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + 8 * i + 2 * t4) =
-            make_float2(acc[i][2 * h], acc[i][2 * h + 1]);
-      }
-    }
-    consumers_sync();
-    // Every thread runs the same number of passes (R * kChunks is a multiple of the
-    // consumer threads' count or smaller), so the shuffle sees whole warps.
-    for (int idx = tid; idx < R * kChunks; idx += Pol::kConsumerThreads) {
-      const int r = idx / kChunks, c = idx % kChunks;
-      float m_all, l_all, v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      merge_warp_rows<W>(sm.stat_m(), sm.stat_l(), R, r, m_all, l_all);
-#pragma unroll
-      for (int w = 0; w < W; ++w) {
-        const float mw = sm.stat_m()[w * R + r];
-        const float fw = mw == -INFINITY ? 0.0f : fast_exp2(mw - m_all);
-        const float4* x = reinterpret_cast<const float4*>(sm.buf(w) + r * Pol::kOStride + 8 * c);
-        const float4 x0 = x[0], x1 = x[1];
-        v[0] += x0.x * fw, v[1] += x0.y * fw, v[2] += x0.z * fw, v[3] += x0.w * fw;
-        v[4] += x1.x * fw, v[5] += x1.y * fw, v[6] += x1.z * fw, v[7] += x1.w * fw;
-      }
-      float sc = c == 0 ? out.finish_row(r, m_all, l_all) : 0.0f;
-      sc = __shfl_sync(0xffffffffu, sc, lane - c);
-      if (!out.row_valid(r)) continue;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] *= sc;
-      out.store8(r, c, v);
-    }
-  }
-
   /// The CTA's merge of the warps' rows (each relative to its own integer reference):
   /// rescaled to the row maximum; warps 0 and 1 write the two buffers, each further pair
   /// adds to them in turn, and o = (buffer 0 + buffer 1) * the row's scale from `out`.
   template <class Out>
   __device__ void epilogue(const SoftmaxRows& smx, const float (&acc)[D / 8][4], const Out& out) const {
     const int g = lane >> 2, t4 = lane & 3, tid = threadIdx.x;
-    if constexpr (Pol::kEpiPerWarp) {
-      epilogue_per_warp(smx, acc, out);
-      return;
-    }
     if (t4 == 0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {

@@ -13,9 +13,7 @@
 // PAGEDMHA_DECODE_SM90_WARPS=w consumer warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per
 // warp tile,
 // PAGEDMHA_DECODE_SM90_STAGES=s stages (per warp, or of the ring),
-// PAGEDMHA_DECODE_SM90_CTAS=c c CTAs per SM (each with 1 / c of the shared memory),
-// PAGEDMHA_DECODE_SM90_EPI_PER_WARP=1 an epilogue buffer per warp (two CTA barriers per
-// item instead of three).
+// PAGEDMHA_DECODE_SM90_CTAS=c c CTAs per SM (each with 1 / c of the shared memory).
 #ifndef PAGEDMHA_DECODE_SM90_WARPS
 #define PAGEDMHA_DECODE_SM90_WARPS 4
 #endif
@@ -27,9 +25,6 @@
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_CTAS
 #define PAGEDMHA_DECODE_SM90_CTAS 2
-#endif
-#ifndef PAGEDMHA_DECODE_SM90_EPI_PER_WARP
-#define PAGEDMHA_DECODE_SM90_EPI_PER_WARP 0
 #endif
 #ifndef PAGEDMHA_DECODE_SM90
 #define PAGEDMHA_DECODE_SM90 1
@@ -86,11 +81,9 @@ struct DecodePolicy {
   // (m, l) per warp and row and the row scales. One buffer added to in W passes (room for
   // a third stage at D = 128) was 0.8% faster at 128 x 32k and 2-14% slower on small items
   // (two more CTA barriers per item: s13run3).
-  // A buffer per warp (experiment, off): each warp stores its O unscaled, and the final
-  // pass weighs the warps' rows itself; two CTA barriers per item instead of W / 2 + 1, for
-  // 17 KB more at D = 128 (still two stages) and 9 KB at D = 64 (two stages, from three).
-  static constexpr bool kEpiPerWarp = PAGEDMHA_DECODE_SM90_EPI_PER_WARP != 0;
-  static constexpr int kEpiBuffers = kEpiPerWarp ? kWarps : 2;
+  // A buffer per warp (two CTA barriers per item instead of W / 2 + 1, for 17 KB more at
+  // D = 128): -5% to +2%, windows and the TP-8 rank slower (s14run1).
+  static constexpr int kEpiBuffers = 2;
   static constexpr int kOStride = D + 8;
   static constexpr int kEpiBytes = kEpiBuffers * kRows * kOStride * 4;
   static constexpr int kStatBytes = (2 * kWarps * kRows + kRows) * 4;
