@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -36,19 +37,26 @@ struct Shape {
 /// With PREFILL_VARIANTS_DUMP=<dir>: every 61st output value (fp32) of the shape to
 /// <dir>/<variant>-<model>-<batch>x<seq>-p<page>-<kv>.bin, so that a script can compare a
 /// variant's output with the default build's (same inputs: fixed seeds and page order).
+/// And the lse of every row and head (a separate, untimed launch) to the same name
+/// with .lse.bin.
 const char* g_variant = "";
-void dump_output(const Shape& s, const __nv_bfloat16* o, int64_t n) {
+const char* dump_dir() {
   const char* dir = std::getenv("PREFILL_VARIANTS_DUMP");
-  if (dir == nullptr || *dir == 0) return;
+  return dir != nullptr && *dir != 0 ? dir : nullptr;
+}
+void dump_output(const Shape& s, const __nv_bfloat16* o, int64_t n, const float* lse, int64_t n_lse) {
   std::vector<__nv_bfloat16> h(n);
   CHECK(cudaMemcpy(h.data(), o, n * 2, cudaMemcpyDeviceToHost));
-  std::vector<float> sample;
+  std::vector<float> sample, l(n_lse);
   for (int64_t i = 0; i < n; i += 61) sample.push_back(__bfloat162float(h[i]));
-  const std::string path = std::string(dir) + "/" + g_variant + "-" + s.model + "-" + std::to_string(s.batch) + "x" +
-                           std::to_string(s.seq) + "-p" + std::to_string(s.page) + "-" + (s.fp8 ? "fp8" : "bf16") + ".bin";
-  if (FILE* f = std::fopen(path.c_str(), "wb")) {
-    std::fwrite(sample.data(), 4, sample.size(), f);
-    std::fclose(f);
+  CHECK(cudaMemcpy(l.data(), lse, n_lse * 4, cudaMemcpyDeviceToHost));
+  const std::string path = std::string(dump_dir()) + "/" + g_variant + "-" + s.model + "-" + std::to_string(s.batch) +
+                           "x" + std::to_string(s.seq) + "-p" + std::to_string(s.page) + "-" + (s.fp8 ? "fp8" : "bf16");
+  for (const auto& [name, v] : {std::pair{path + ".bin", &sample}, std::pair{path + ".lse.bin", &l}}) {
+    if (FILE* f = std::fopen(name.c_str(), "wb")) {
+      std::fwrite(v->data(), 4, v->size(), f);
+      std::fclose(f);
+    }
   }
 }
 
@@ -102,11 +110,21 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   p.sinks = std::string(s.model) == "gpt-oss" ? sinks : nullptr;
   p.workspace = ws;
   p.workspace_bytes = ws_bytes;
+  if (dump_dir() != nullptr) {
+    float* lse;
+    CHECK(cudaMalloc(&lse, rows * s.hq * 4));
+    detail::AttentionProblem pl = p;
+    pl.lse = lse;
+    pl.lse_row_stride = s.hq;
+    pl.lse_head_stride = 1;
+    sm90::run_prefill<D, __nv_bfloat16, KV>(pl, make_attention_args(pl), sms, stream);
+    CHECK(cudaStreamSynchronize(stream));
+    dump_output(s, o, rows * s.hq * D, lse, rows * s.hq);
+    cudaFree(lse);
+  }
   const AttentionArgs a = make_attention_args(p);
   auto launch = [&] { sm90::run_prefill<D, __nv_bfloat16, KV>(p, a, sms, stream); };
   launch();
-  CHECK(cudaStreamSynchronize(stream));
-  dump_output(s, o, rows * s.hq * D);
   launch();
   CHECK(cudaStreamSynchronize(stream));
   cudaEvent_t e0, e1;
