@@ -30,25 +30,6 @@ __device__ __forceinline__ float fast_exp2_ftz(float x) {
   return y;
 }
 
-/// 2^x on the FMA and integer pipes instead of the MUFU unit (FA4's trick on Blackwell,
-/// where the MUFU is the softmax's limit): x = n + f with n = floor(x) (an add rounding
-/// down against 1.5 * 2^23 leaves n in the low mantissa bits), 2^f by a degree-3
-/// polynomial with p(0) = 1 (coefficients fitted here, minimax in relative error on
-/// [0, 1): at most 8.6e-5, below half an ulp of fp16 and bf16, the P the GEMM reads), then
-/// p times 2^n. x is clamped to >= -127 first: below -126 (-inf, a masked key, included)
-/// gives exactly +0, as ex2.approx.ftz does. For x <= 2^-5 (online_softmax's non-huge
-/// branch) n <= 0.
-__device__ __forceinline__ float exp2_poly(float x) {
-  x = fmaxf(x, -127.0f);
-  const float t = __fadd_rd(x, 0x1.8p23f);             // low bits: floor(x)
-  const float f = __fsub_rn(x, __fsub_rn(t, 0x1.8p23f));  // [0, 1)
-  const float p = fmaf(fmaf(fmaf(0x1.3ba9b6p-4f, f, 0x1.d2380cp-3f), f, 0x1.63e652p-1f), f, 1.0f);
-  // 2^n from n's bits (+0 for n = -127). Adding n into p's exponent instead saves the
-  // multiply, but an integer add on the probability's register made ptxas serialize
-  // every wgmma of the Hopper prefill (C7511).
-  return p * __int_as_float((__float_as_int(t) << 23) + 0x3f800000);
-}
-
 struct SoftmaxRows {
   float m[2];  // reference: running max rounded up to an integer (-inf before any key)
   float l[2];  // running sum of exp2(s - m), partial over the thread's columns until finish()
@@ -74,10 +55,7 @@ struct SoftmaxRows {
   /// kFtz: fast_exp2_ftz for the probabilities and alpha (kernels whose results are not
   /// compared bitwise across key splits: a reference change can move a probability
   /// across 2^-126 and so flush it on one side only).
-  /// kPolyEvery = r > 0: the probabilities of fragments i = r - 1, 2r - 1, .. through
-  /// exp2_poly instead of the MUFU (1 / r of them; not in the huge branch, nor alpha).
-  /// kSum = false leaves l alone (the Hopper prefill's row sums by wgmma).
-  template <int NS, bool kFtz = false, int kPolyEvery = 0, bool kSum = true>
+  template <int NS, bool kFtz = false>
   __device__ __forceinline__ void step(float (&s)[NS][4], float scale, float (&alpha)[2]) {
     const auto ex2 = [](float x) { return kFtz ? fast_exp2_ftz(x) : fast_exp2(x); };
     float ref[2];
@@ -99,7 +77,6 @@ struct SoftmaxRows {
       m[h] = mx == -INFINITY ? -INFINITY : ref[h];
     }
     constexpr float kExactRef = 0x1p20f;  // see above
-    constexpr int kPolyR = kPolyEvery > 0 ? kPolyEvery : NS + 1;  // no fragment when 0
     const bool huge = __any_sync(0xffffffffu, fabsf(ref[0]) >= kExactRef || fabsf(ref[1]) >= kExactRef);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -112,22 +89,17 @@ struct SoftmaxRows {
         for (int i = 0; i < NS; ++i) {
           s[i][2 * h] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][2 * h], scale), ref[h]), 0.0f));
           s[i][2 * h + 1] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][2 * h + 1], scale), ref[h]), 0.0f));
-          if constexpr (kSum) sum += s[i][2 * h] + s[i][2 * h + 1];
+          sum += s[i][2 * h] + s[i][2 * h + 1];
         }
       } else {
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
-          if (i % kPolyR == kPolyR - 1) {
-            s[i][2 * h] = exp2_poly(fmaf(s[i][2 * h], scale, -ref[h]));
-            s[i][2 * h + 1] = exp2_poly(fmaf(s[i][2 * h + 1], scale, -ref[h]));
-          } else {
-            s[i][2 * h] = ex2(fmaf(s[i][2 * h], scale, -ref[h]));
-            s[i][2 * h + 1] = ex2(fmaf(s[i][2 * h + 1], scale, -ref[h]));
-          }
-          if constexpr (kSum) sum += s[i][2 * h] + s[i][2 * h + 1];
+          s[i][2 * h] = ex2(fmaf(s[i][2 * h], scale, -ref[h]));
+          s[i][2 * h + 1] = ex2(fmaf(s[i][2 * h + 1], scale, -ref[h]));
+          sum += s[i][2 * h] + s[i][2 * h + 1];
         }
       }
-      if constexpr (kSum) l[h] = l[h] * alpha[h] + sum;
+      l[h] = l[h] * alpha[h] + sum;
     }
   }
 
@@ -140,23 +112,6 @@ struct SoftmaxRows {
       for (int i = 0; i < ND; ++i) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][e] *= alpha[e >> 1];
-      }
-    }
-  }
-
-  /// Two accumulators of the same rows (one vote).
-  template <int ND, int NE>
-  __device__ __forceinline__ static void rescale(float (&a)[ND][4], float (&b)[NE][4], const float (&alpha)[2]) {
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int i = 0; i < ND; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) a[i][e] *= alpha[e >> 1];
-      }
-#pragma unroll
-      for (int i = 0; i < NE; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) b[i][e] *= alpha[e >> 1];
       }
     }
   }

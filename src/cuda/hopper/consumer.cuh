@@ -29,10 +29,6 @@ struct Consumer {
   using KPipe = PipeState<Pol::kKStages>;
   using VPipe = PipeState<Pol::kVStages>;
   using M = MmaType<Pol, T>;  // Q, K, V and P in the GEMMs; T is the output's
-  // Row sums by wgmma (Pol::kRowSumMma): ls = P times ones, rescaled with O; else the
-  // softmax adds them up (SoftmaxRows::l) and ls is unused.
-  static constexpr bool kSumMma = Pol::kRowSumMma;
-  using RowSums = float[1][4];
 
   const Sm90Params& p;
   const SmemLayout<Pol> sm;  // by value: a reference would put it in local memory
@@ -84,7 +80,7 @@ struct Consumer {
     cute::warpgroup_commit_batch();
   }
 
-  __device__ void issue_pv(float (&o)[D / 8][4], RowSums& ls, const uint32_t (&pa)[BN / 16][4], int slot) const {
+  __device__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[BN / 16][4], int slot) const {
     if constexpr (PAGEDMHA_SM90_DIAG >= 2) {
       cute::warpgroup_commit_batch();
       return;
@@ -93,11 +89,6 @@ struct Consumer {
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) gmma_rs<D, M>(o, pa[kk], gmma_desc(v + ((kk * 16 * 128) >> 4)));
-    if constexpr (kSumMma) {
-      const uint64_t ones = desc_ones(smem_addr(sm.ones()));
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) gmma_rs<8, M>(ls, pa[kk], ones);
-    }
     cute::warpgroup_commit_batch();
   }
 
@@ -163,18 +154,18 @@ struct Consumer {
   /// upper half is 0 (the P V is whole).
   template <bool pv, int NS, class OnPv>
   __device__ __forceinline__ void kv_step(const Variant& var, float (&s)[NS][4], uint32_t (&pa)[BN / 16][4],
-                                          float (&o)[D / 8][4], RowSums& ls, float (&alpha)[2],
-                                          SoftmaxRows& smx, const QueryTile& t, int tile, int q_slot, bool last,
-                                          KPipe& ks, VPipe& vs, OnPv on_pv) const {
+                                          float (&o)[D / 8][4], float (&alpha)[2], SoftmaxRows& smx,
+                                          const QueryTile& t, int tile, int q_slot, bool last, KPipe& ks, VPipe& vs,
+                                          OnPv on_pv) const {
     wait(sm.k_full(ks.slot), ks.phase);
     if constexpr (pv) wait(sm.v_full(vs.slot), vs.phase);
     // O (P V through two tiles back, complete) takes the pending P's rescale before S is
     // issued (after it, ptxas cannot tell O from the in-flight S across the item loop and
     // injects a wait: C7517); rare once the integer reference settles.
-    if constexpr (pv) rescale(o, ls, alpha);
+    if constexpr (pv) SoftmaxRows::rescale(o, alpha);
     turn_wait();
     issue_qk(s, ks.slot, q_slot);
-    if constexpr (pv) issue_pv(o, ls, pa, vs.slot);
+    if constexpr (pv) issue_pv(o, pa, vs.slot);
     turn_pass();
     if constexpr (pv) {
       cute::warpgroup_wait<1>();  // S
@@ -189,7 +180,6 @@ struct Consumer {
     if constexpr (pv) {
       cute::warpgroup_wait<0>();  // the pending P V
       fence_operand(o);
-      if constexpr (kSumMma) fence_operand(ls);
       fence_operand(pa);
       release(sm.v_empty(vs.slot));
       vs.advance();
@@ -204,17 +194,17 @@ struct Consumer {
   /// N = BN / 2 into an S of its own and the softmax covers half the fragments
   /// (docs/perf-notes/prefill-sm90-schedule.md section 9).
   __device__ __forceinline__ void first_step(const Variant& var, float (&s)[BN / 8][4], uint32_t (&pa)[BN / 16][4],
-                                             float (&o)[D / 8][4], RowSums& ls, float (&alpha)[2],
-                                             SoftmaxRows& smx, SoftmaxRows& done, const OutRows& prev, bool pending,
-                                             const QueryTile& t, int n, int q_slot, KPipe& ks, VPipe& vs) const {
+                                             float (&o)[D / 8][4], float (&alpha)[2], SoftmaxRows& smx,
+                                             SoftmaxRows& done, const OutRows& prev, bool pending, const QueryTile& t,
+                                             int n, int q_slot, KPipe& ks, VPipe& vs) const {
     const auto step = [&](auto& sx) {
       if (pending) {
-        kv_step<true>(var, sx, pa, o, ls, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [&] {
-          epilogue(var, prev, o, ls, done);
-          zero(o, ls);
+        kv_step<true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [&] {
+          epilogue(var, prev, o, done);
+          zero(o);
         });
       } else {
-        kv_step<false>(var, sx, pa, o, ls, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [] {});
+        kv_step<false>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [] {});
       }
     };
     if (t.keys.span_hi - (t.keys.end - 1) * BN <= BN / 2) {
@@ -226,37 +216,26 @@ struct Consumer {
   }
 
   /// The pending item's last P V and its epilogue, when no next QK goes with it.
-  __device__ void drain(const Variant& var, uint32_t (&pa)[BN / 16][4], float (&o)[D / 8][4], RowSums& ls,
+  __device__ void drain(const Variant& var, uint32_t (&pa)[BN / 16][4], float (&o)[D / 8][4],
                         const float (&alpha)[2], SoftmaxRows& done, const OutRows& prev, VPipe& vs) const {
     wait(sm.v_full(vs.slot), vs.phase);
     turn_wait();
-    rescale(o, ls, alpha);
-    issue_pv(o, ls, pa, vs.slot);
+    SoftmaxRows::rescale(o, alpha);
+    issue_pv(o, pa, vs.slot);
     turn_pass();
     cute::warpgroup_wait<0>();
     fence_operand(o);
-    if constexpr (kSumMma) fence_operand(ls);
     fence_operand(pa);
     release(sm.v_empty(vs.slot));
     vs.advance();
-    epilogue(var, prev, o, ls, done);
+    epilogue(var, prev, o, done);
   }
 
-  __device__ static void zero(float (&o)[D / 8][4], RowSums& ls) {
+  __device__ static void zero(float (&o)[D / 8][4]) {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) ls[0][e] = 0.0f;
-  }
-
-  __device__ static void rescale(float (&o)[D / 8][4], RowSums& ls, const float (&alpha)[2]) {
-    if constexpr (kSumMma) {
-      SoftmaxRows::rescale(o, ls, alpha);
-    } else {
-      SoftmaxRows::rescale(o, alpha);
     }
   }
 
@@ -273,14 +252,13 @@ struct Consumer {
     float s[BN / 8][4];
     uint32_t pa[BN / 16][4];
     float o[D / 8][4];
-    RowSums ls;
     float alpha[2];
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[i][e] = 0.0f;
     }
-    zero(o, ls);
+    zero(o);
     const Walk walk(p);
     cluster = p.cluster;
     peer = walk.rank ^ 1;
@@ -294,23 +272,23 @@ struct Consumer {
       const int n = t.keys.end - t.keys.begin;
       smx.init();
       if (n <= 0) {  // no key: o = 0 (and the sink alone decides the lse)
-        if (pending) drain(var, pa, o, ls, alpha, done, prev, vs);
+        if (pending) drain(var, pa, o, alpha, done, prev, vs);
         pending = false;
-        zero(o, ls);
-        epilogue(var, out_rows(t), o, ls, smx);
+        zero(o);
+        epilogue(var, out_rows(t), o, smx);
         continue;
       }
       wait(sm.q_full(qs.slot), qs.phase);
-      first_step(var, s, pa, o, ls, alpha, smx, done, prev, pending, t, n, qs.slot, ks, vs);
+      first_step(var, s, pa, o, alpha, smx, done, prev, pending, t, n, qs.slot, ks, vs);
       for (int j = 1; j < n; ++j) {
-        kv_step<true>(var, s, pa, o, ls, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs, [] {});
+        kv_step<true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs, [] {});
       }
       qs.advance();
       pending = true;
       done = smx;
       prev = out_rows(t);
     }
-    if (pending) drain(var, pa, o, ls, alpha, done, prev, vs);
+    if (pending) drain(var, pa, o, alpha, done, prev, vs);
     if (Pol::kPingPong && wg == 0) named_sync(kBarTurn0, 256);  // the last warpgroup's last pass
   }
 
@@ -324,7 +302,7 @@ struct Consumer {
     }
     const float fold = var.transform(s);
     if (!(key0 >= t.keys.common_lo && key0 + 8 * NS <= t.keys.common_hi)) mask(s, key0, t);
-    smx.template step<NS, Pol::kFtzExp2, Pol::kExp2PolyEvery, !kSumMma>(s, fold, alpha);
+    smx.template step<NS, Pol::kFtzExp2>(s, fold, alpha);
   }
 
   /// Direct output: o = acc * scale (sink counted once, empty rows 0), lse in natural log.
@@ -334,14 +312,8 @@ struct Consumer {
   /// that fill whole 32-byte sectors (batch_prefill checks that out is 16-byte aligned
   /// with 16-byte multiple strides: ops.cpp aligned16; a dimension of size 1 is only ever
   /// indexed at 0).
-  __device__ void epilogue(const Variant& var, const OutRows& t, const float (&o)[D / 8][4], const RowSums& ls,
-                           SoftmaxRows& smx) const {
-    if constexpr (kSumMma) {
-      smx.l[0] = ls[0][0];  // every column of a row of P times ones is its whole sum
-      smx.l[1] = ls[0][2];
-    } else {
-      smx.finish();
-    }
+  __device__ void epilogue(const Variant& var, const OutRows& t, const float (&o)[D / 8][4], SoftmaxRows& smx) const {
+    smx.finish();
     const int t4 = ltid & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

@@ -92,8 +92,6 @@ struct SmemLayout {
   /// conversion arrives on q_full.
   __device__ uint64_t* q_land(int s) const { return raw_full(kRawBars + s); }
   static constexpr int kNumBars = 2 * QS + 2 * (SK + SV) + kRawBars + QS;
-  /// Pol::kRowSumMma: 16-bit ones, the B operand of the row sums (after the barriers).
-  __device__ char* ones() const { return reinterpret_cast<char*>(bars()) + Pol::kBarrierBytes; }
   static_assert(kNumBars * 8 <= Pol::kBarrierBytes, "barrier space");
 };
 

@@ -74,13 +74,6 @@ __device__ __forceinline__ uint32_t desc_lo_mn_major(uint32_t addr, uint32_t pan
   return ((addr >> 4) & 0x3FFF) | (((panel_bytes >> 4) & 0x3FFF) << 16);
 }
 
-/// A B operand of 16 x 8 ones (the row sums of P): no swizzle, 128-byte leading and
-/// stride offsets, so each k16 step reads 256 bytes from `addr` (every one of them 1.0:
-/// the layout does not matter).
-__device__ __forceinline__ uint64_t desc_ones(uint32_t addr) {
-  return uint64_t{(addr >> 4) & 0x3FFF} | (uint64_t{128 >> 4} << 16) | (uint64_t{128 >> 4} << 32);
-}
-
 /// The warpgroup of the calling thread, in a register the compiler knows is warp-uniform
 /// (a shuffle from lane 0), so what is derived from it (descriptors, barrier ids) lives in
 /// uniform registers instead of being moved into them before every wgmma.
@@ -94,8 +87,6 @@ struct GmmaOps;
     using SS = gmma::MMA_64x##N##x16_F32##TN##TN##_SS<gmma::Major::K, gmma::Major::K>;  \
     using RS = gmma::MMA_64x##N##x16_F32##TN##TN##_RS<gmma::Major::K, gmma::Major::MN>; \
   };
-PAGEDMHA_GMMA_OPS(8, BF16, __nv_bfloat16)
-PAGEDMHA_GMMA_OPS(8, F16, __half)
 PAGEDMHA_GMMA_OPS(32, BF16, __nv_bfloat16)
 PAGEDMHA_GMMA_OPS(64, BF16, __nv_bfloat16)
 PAGEDMHA_GMMA_OPS(128, BF16, __nv_bfloat16)

@@ -8,7 +8,6 @@
 #include <cuda_runtime.h>
 
 #include <cute/arch/cluster_sm90.hpp>
-#include <type_traits>
 
 #include "cuda/common/check.cuh"
 #include "cuda/hopper/consumer.cuh"
@@ -50,12 +49,6 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
   // start at zero (afterwards they only ever hold loaded rows).
   uint4* v = reinterpret_cast<uint4*>(sm.v(0));
   for (int i = tid; i < Pol::kVStages * Pol::kTileBytes / 16; i += Pol::kThreads) v[i] = make_uint4(0, 0, 0, 0);
-  if constexpr (Pol::kRowSumMma) {
-    // 1.0 in the GEMMs' 16-bit type (fp16 for fp8 caches: MmaType).
-    constexpr uint32_t kOne2 = std::is_same_v<MmaType<Pol, T>, __half> ? 0x3C003C00u : 0x3F803F80u;
-    uint32_t* ones = reinterpret_cast<uint32_t*>(sm.ones());
-    for (int i = tid; i < Pol::kOnesBytes / 4; i += Pol::kThreads) ones[i] = kOne2;
-  }
   fence_async_smem();
   // The peer's barriers exist before anything is multicast to it or arrives on them.
   if (p.cluster > 1) {

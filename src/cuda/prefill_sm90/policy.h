@@ -27,9 +27,7 @@
 // the staging slots instead of converting in place (D = 128, two producer warpgroups),
 // PAGEDMHA_SM90_FP8_DIAG=1 leaves the fp8 conversion out (a stage counts as full once its
 // raw tile has landed) and =2 its stores (loads and conversions remain): diagnostics of
-// what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_EXP2_POLY=r
-// exponentiates every r-th S fragment by a polynomial instead of the MUFU,
-// PAGEDMHA_SM90_ROWSUM_MMA=1 computes the row sums by wgmma.
+// what the conversion costs the consumers, wrong results.
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -80,12 +78,6 @@
 #endif
 #ifndef PAGEDMHA_SM90_Q_SLOTS
 #define PAGEDMHA_SM90_Q_SLOTS 0
-#endif
-#ifndef PAGEDMHA_SM90_EXP2_POLY
-#define PAGEDMHA_SM90_EXP2_POLY 0
-#endif
-#ifndef PAGEDMHA_SM90_ROWSUM_MMA
-#define PAGEDMHA_SM90_ROWSUM_MMA 0
 #endif
 #ifndef PAGEDMHA_SM90_K_STAGES
 #define PAGEDMHA_SM90_K_STAGES 0
@@ -184,16 +176,11 @@ struct PrefillPolicy {
   // docs/perf-notes/prefill-sm90.md). No split-KV here, so nothing is compared bitwise across key
   // ranges. PAGEDMHA_SM90_FTZ=0 restores the plain ex2 (experiment).
   static constexpr bool kFtzExp2 = PAGEDMHA_SM90_FTZ != 0;
-  // Every r-th S fragment's probabilities by a polynomial on the FMA pipe instead of the
-  // MUFU (online_softmax.cuh exp2_poly): 0 = none (experiment, PAGEDMHA_SM90_EXP2_POLY=r).
-  static constexpr int kExp2PolyEvery = PAGEDMHA_SM90_EXP2_POLY;
-  // The softmax's row sums by the tensor cores: P times a 16 x 8 block of ones in shared
-  // memory, one m64n8k16 wgmma per k16 step of P V, into an accumulator rescaled with O,
-  // instead of one FADD per probability on the consumers' path (experiment, off).
-  static constexpr bool kRowSumMma = PAGEDMHA_SM90_ROWSUM_MMA != 0;
-  static constexpr int kOnesBytes = kRowSumMma ? 512 : 0;
   // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
-  // on every shape, s13run1). The half key tile of consumer.cuh first_step has no knob:
+  // on every shape, s13run1); every r-th S fragment exponentiated by a polynomial on the
+  // FMA pipe instead of the MUFU (r = 8 / 4 / 2: up to -6 / -11 / -21%, s14run2); the row
+  // sums by wgmma against a block of ones instead of an FADD per probability (-2 to -7%,
+  // and lse off by up to 4e-3 from bf16 P, s14run3). The half key tile of consumer.cuh first_step has no knob:
   // +1 to +3% at D = 128 and 64, +2% at gemma 4 x 4k (s13run1;
   // docs/perf-notes/prefill-sm90-schedule.md sections 8 and 9).
 
@@ -217,7 +204,7 @@ struct PrefillPolicy {
   // stages are held longer than K stages (a tile's P V is issued with the next tile's QK),
   // so an odd tile goes to V.
   static constexpr int tiles_fit(int q_slots) {
-    return (227 * 1024 - 1024 - q_slots * kQBytes - kRawSlots * kRawBytes - kBarrierBytes - kOnesBytes) / kTileBytes;
+    return (227 * 1024 - 1024 - q_slots * kQBytes - kRawSlots * kRawBytes - kBarrierBytes) / kTileBytes;
   }
   static constexpr int kStagesWanted = PAGEDMHA_SM90_STAGES > 0 ? PAGEDMHA_SM90_STAGES : 4;
   static constexpr int clamp_stages(int want, int most) { return want < most ? want : most; }
@@ -238,7 +225,7 @@ struct PrefillPolicy {
       clamp_stages(PAGEDMHA_SM90_V_STAGES > 0 ? PAGEDMHA_SM90_V_STAGES : kStagesWanted, kTilesFit - kKStages);
   static_assert(kKStages >= 2 && kVStages >= 2, "two stages at least");
   static constexpr int kSmemBytes = 1024 /* alignment slack */ + kQSlots * kQBytes +
-                                    (kKStages + kVStages) * kTileBytes + kRawSlots * kRawBytes + kBarrierBytes + kOnesBytes;
+                                    (kKStages + kVStages) * kTileBytes + kRawSlots * kRawBytes + kBarrierBytes;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
