@@ -14,8 +14,8 @@
 #include <numeric>
 #include <random>
 #include <string>
-#include <utility>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "variants_common.cuh"

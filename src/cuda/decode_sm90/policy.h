@@ -11,9 +11,8 @@
 // 32 x 2k, -2% at llama3-8b 128 x 32k (H200 s13run2, docs/perf-notes/decode.md).
 // Experiment knobs (bench/prefill_variants.sh with KERNEL=decode):
 // PAGEDMHA_DECODE_SM90_WARPS=w consumer warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per
-// warp tile,
-// PAGEDMHA_DECODE_SM90_STAGES=s stages (per warp, or of the ring),
-// PAGEDMHA_DECODE_SM90_CTAS=c c CTAs per SM (each with 1 / c of the shared memory).
+// warp tile, PAGEDMHA_DECODE_SM90_STAGES=s ring stages, PAGEDMHA_DECODE_SM90_CTAS=c CTAs
+// per SM (each with 1 / c of the shared memory).
 #ifndef PAGEDMHA_DECODE_SM90_WARPS
 #define PAGEDMHA_DECODE_SM90_WARPS 4
 #endif

@@ -178,11 +178,11 @@ struct PrefillPolicy {
   static constexpr bool kFtzExp2 = PAGEDMHA_SM90_FTZ != 0;
   // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
   // on every shape, s13run1); every r-th S fragment exponentiated by a polynomial on the
-  // FMA pipe instead of the MUFU (r = 8 / 4 / 2: up to -6 / -11 / -21%, s14run2); the row
-  // sums by wgmma against a block of ones instead of an FADD per probability (-2 to -7%,
-  // and lse off by up to 4e-3 from bf16 P, s14run3). The half key tile of consumer.cuh first_step has no knob:
-  // +1 to +3% at D = 128 and 64, +2% at gemma 4 x 4k (s13run1;
-  // docs/perf-notes/prefill-sm90-schedule.md sections 8 and 9).
+  // FMA pipe instead of the MUFU (r = 8 / 4 / 2: up to -6 / -11 / -21%, s14run2); the
+  // row sums by wgmma against a block of ones instead of an FADD per probability (-2 to
+  // -7%, and lse off by up to 4e-3 from bf16 P, s14run3). The half key tile of
+  // consumer.cuh first_step has no knob: +1 to +3% at D = 128 and 64, +2% at gemma 4 x 4k
+  // (s13run1; docs/perf-notes/prefill-sm90-schedule.md sections 8 to 11).
 
   // The epilogue writes o rows in 16-byte stores after a transpose inside each quad
   // (consumer.cuh epilogue), where 4-byte stores left half of every 32-byte sector empty
