@@ -103,6 +103,84 @@ struct SoftmaxRows {
     }
   }
 
+  /// step() speculating that the tile leaves each reference where it is (0 before any
+  /// key): the exponentials start at once, and the maxima are found beside them instead
+  /// of gating them. Where the new reference lies within 64 of the speculated one, the
+  /// probabilities and their sums are multiplied by the exact power of two between the
+  /// two (nothing overflowed: each exponent was < 64 + 2^-5; nothing that matters was
+  /// flushed: a value below 2^-126 is then below 2^-62 of the row's largest). Otherwise,
+  /// at or past 2^20 (step()'s rounded form) or on a NaN, returns false with m and l
+  /// untouched and s overwritten: the caller recomputes S and runs step(). The result is
+  /// the same on every lane of the warp. The probabilities differ from step()'s by the
+  /// rounding of their exponent argument (against a different reference), so results
+  /// are not bitwise those of step().
+  template <int NS, bool kFtz = false>
+  __device__ __forceinline__ bool speculate(float (&s)[NS][4], float scale, float (&alpha)[2]) {
+    const auto ex2 = [](float x) { return kFtz ? fast_exp2_ftz(x) : fast_exp2(x); };
+    constexpr float kExactRef = 0x1p20f;
+    constexpr int C = NS >= 16 ? 4 : 2;  // independent max chains per row (registers)
+    float spec[2], sum[2], part[2][C];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      spec[h] = m[h] == -INFINITY ? 0.0f : m[h];
+      sum[h] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < C; ++c) part[h][c] = -INFINITY;
+    }
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        part[h][i % C] = fmaxf(part[h][i % C], fmaxf(s[i][2 * h], s[i][2 * h + 1]));
+        s[i][2 * h] = ex2(fmaf(s[i][2 * h], scale, -spec[h]));
+        s[i][2 * h + 1] = ex2(fmaf(s[i][2 * h + 1], scale, -spec[h]));
+        sum[h] += s[i][2 * h] + s[i][2 * h + 1];
+      }
+    }
+    // Pinned before the vote: the compiler would otherwise sink the exponentials into the
+    // one branch that uses them, behind the maxima again.
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(s[i][e]));
+    }
+    float ref[2], mx[2];
+    bool ok = true;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float x = part[h][0];
+#pragma unroll
+      for (int c = 1; c < C; ++c) x = fmaxf(x, part[h][c]);
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+      mx[h] = fmaxf(m[h], x * scale);
+      ref[h] = mx[h] == -INFINITY ? 0.0f : fminf(ceilf(mx[h]), FLT_MAX);
+      ok = ok && fabsf(ref[h] - spec[h]) <= 64.0f && fabsf(ref[h]) < kExactRef;  // false on NaN
+    }
+    if (!__all_sync(0xffffffffu, ok)) return false;
+    float fix[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      alpha[h] = ex2(m[h] - ref[h]);  // exact: 0, 2^-k or 1
+      fix[h] = ex2(spec[h] - ref[h]);  // exact: 2^-64 .. 2^64
+      m[h] = mx[h] == -INFINITY ? -INFINITY : ref[h];
+    }
+    if (__any_sync(0xffffffffu, fix[0] != 1.0f || fix[1] != 1.0f)) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sum[h] *= fix[h];
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+          s[i][2 * h] *= fix[h];
+          s[i][2 * h + 1] *= fix[h];
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + sum[h];
+    return true;
+  }
+
   /// acc *= alpha per row; skipped when no reference of the warp moved (alpha == 1:
   /// exact), the common case once the integer reference has settled.
   template <int ND>

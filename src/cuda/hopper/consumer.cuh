@@ -173,10 +173,20 @@ struct Consumer {
       cute::warpgroup_wait<0>();
     }
     fence_operand(s);
-    release(sm.k_empty(ks.slot));
-    ks.advance();
-    if (last) release_q(q_slot);
-    softmax(var, s, tile * BN, t, smx, alpha);
+    // The speculative softmax may recompute S from this K stage and Q tile: both are
+    // released after it.
+    const int k_slot = ks.slot;
+    if constexpr (!Pol::kSpecSoftmax) {
+      release(sm.k_empty(k_slot));
+      ks.advance();
+      if (last) release_q(q_slot);
+    }
+    softmax(var, s, tile * BN, t, smx, alpha, k_slot, q_slot);
+    if constexpr (Pol::kSpecSoftmax) {
+      release(sm.k_empty(k_slot));
+      ks.advance();
+      if (last) release_q(q_slot);
+    }
     if constexpr (pv) {
       cute::warpgroup_wait<0>();  // the pending P V
       fence_operand(o);
@@ -243,7 +253,7 @@ struct Consumer {
   /// items. The last P V of an item goes in with the next item's first QK, and its
   /// epilogue runs once that P V is done (short prompts have a few tiles per item: a
   /// drained pipeline cost them a QK, a softmax and a P V of idle tensor cores each).
-  __device__ void run() {
+  __device__ __forceinline__ void run() {
     const Variant var{p.a};
     KPipe ks;
     VPipe vs;
@@ -292,17 +302,53 @@ struct Consumer {
     if (Pol::kPingPong && wg == 0) named_sync(kBarTurn0, 256);  // the last warpgroup's last pass
   }
 
-  /// One online-softmax step over the NS m16n8 fragments of keys [key0, key0 + 8 NS).
+  /// One online-softmax step over the NS m16n8 fragments of keys [key0, key0 + 8 NS) of
+  /// K stage `slot`. With Pol::kSpecSoftmax the exponentials run against the current
+  /// references while the maxima are found (SoftmaxRows::speculate); where a reference
+  /// jumps too far the warp recomputes its S (recompute_s) and takes the plain step.
   template <int NS>
   __device__ void softmax(const Variant& var, float (&s)[NS][4], int key0, const QueryTile& t, SoftmaxRows& smx,
-                          float (&alpha)[2]) const {
+                          float (&alpha)[2], int slot, int q_slot) const {
     if constexpr (PAGEDMHA_SM90_DIAG == 1 || PAGEDMHA_SM90_DIAG == 3) {
       alpha[0] = alpha[1] = 1.0f;
       return;
     }
-    const float fold = var.transform(s);
-    if (!(key0 >= t.keys.common_lo && key0 + 8 * NS <= t.keys.common_hi)) mask(s, key0, t);
+    const bool boundary = !(key0 >= t.keys.common_lo && key0 + 8 * NS <= t.keys.common_hi);
+    float fold = var.transform(s);
+    if (boundary) mask(s, key0, t);
+    if constexpr (Pol::kSpecSoftmax) {
+      if (!Pol::kSpecRecomputeAlways && smx.template speculate<NS, Pol::kFtzExp2>(s, fold, alpha)) return;
+      recompute_s(s, slot, q_slot);
+      fold = var.transform(s);
+      if (boundary) mask(s, key0, t);
+    }
     smx.template step<NS, Pol::kFtzExp2>(s, fold, alpha);
+  }
+
+  /// S of this warp's 16 rows again, by mma.sync from the Q tile and K stage in shared
+  /// memory (the wgmma is warpgroup-wide; this path is one warp's, and rare: a reference
+  /// jumping by more than 64). Same fragment layout as the wgmma's accumulator.
+  template <int NS>
+  __device__ __forceinline__ void recompute_s(float (&s)[NS][4], int slot, int q_slot) const {
+    const int lane = ltid & 31;
+    const uint32_t q = smem_addr(sm.q(q_slot)), k = smem_addr(sm.k(slot));
+    const int qr = wg * 64 + (ltid >> 5) * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);  // A: matrices (rows, k half)
+    const int kr = (lane & 7) + 8 * (lane >> 4);                                       // B: (key block, k half)
+    // Key blocks outside, k steps inside a loop: few registers live beside O and P,
+    // which the pending P V still holds.
+#pragma unroll
+    for (int i = 0; i < NS; i += 2) {
+      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+      s[i + 1][0] = s[i + 1][1] = s[i + 1][2] = s[i + 1][3] = 0.0f;
+#pragma unroll 1
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4], b[4];
+        ldmatrix_x4(a, q + tile_offset(BM, qr, 2 * kk + (lane >> 4)));
+        ldmatrix_x4(b, k + tile_offset(BN, 8 * i + kr, 2 * kk + ((lane >> 3) & 1)));
+        mma_16816<M>(s[i], a, b[0], b[1]);
+        mma_16816<M>(s[i + 1], a, b[2], b[3]);
+      }
+    }
   }
 
   /// Direct output: o = acc * scale (sink counted once, empty rows 0), lse in natural log.

@@ -27,7 +27,9 @@
 // the staging slots instead of converting in place (D = 128, two producer warpgroups),
 // PAGEDMHA_SM90_FP8_DIAG=1 leaves the fp8 conversion out (a stage counts as full once its
 // raw tile has landed) and =2 its stores (loads and conversions remain): diagnostics of
-// what the conversion costs the consumers, wrong results.
+// what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_SPEC_SOFTMAX=1
+// exponentiates against the current reference while the row maxima are found
+// (consumer.cuh softmax), =2 recomputes S for every tile instead (its rare path, slow).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -84,6 +86,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_V_STAGES
 #define PAGEDMHA_SM90_V_STAGES 0
+#endif
+#ifndef PAGEDMHA_SM90_SPEC_SOFTMAX
+#define PAGEDMHA_SM90_SPEC_SOFTMAX 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -176,6 +181,14 @@ struct PrefillPolicy {
   // docs/perf-notes/prefill-sm90.md). No split-KV here, so nothing is compared bitwise across key
   // ranges. PAGEDMHA_SM90_FTZ=0 restores the plain ex2 (experiment).
   static constexpr bool kFtzExp2 = PAGEDMHA_SM90_FTZ != 0;
+  // The softmax speculates that the tile leaves the row's reference where it is: the
+  // exponentials start from it at once and the maxima are found beside them, off their
+  // chain; a moved reference costs one exact power-of-two multiply, a jump past 64 (or
+  // the 2^20 range) a recomputed S (consumer.cuh softmax). Experiment, s15.
+  // Not with three consumer warpgroups (160 registers): the rare path's mma.sync spills.
+  static constexpr bool kSpecSoftmax =
+      PAGEDMHA_SM90_SPEC_SOFTMAX != 0 && PAGEDMHA_SM90_DIAG == 0 && kConsumerWarpgroups == 2;
+  static constexpr bool kSpecRecomputeAlways = PAGEDMHA_SM90_SPEC_SOFTMAX == 2;  // test of the rare path
   // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
   // on every shape, s13run1); every r-th S fragment exponentiated by a polynomial on the
   // FMA pipe instead of the MUFU (r = 8 / 4 / 2: up to -6 / -11 / -21%, s14run2); the
