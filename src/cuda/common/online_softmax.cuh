@@ -104,60 +104,61 @@ struct SoftmaxRows {
   }
 
   /// step() speculating that the tile leaves each reference where it is (0 before any
-  /// key): the exponentials start at once, and the maxima are found beside them instead
-  /// of gating them. Where the new reference lies within 64 of the speculated one, the
-  /// probabilities and their sums are multiplied by the exact power of two between the
-  /// two (nothing overflowed: each exponent was < 64 + 2^-5; nothing that matters was
-  /// flushed: a value below 2^-126 is then below 2^-62 of the row's largest). Otherwise,
-  /// at or past 2^20 (step()'s rounded form) or on a NaN, returns false with m and l
-  /// untouched and s overwritten: the caller recomputes S and runs step(). The result is
-  /// the same on every lane of the warp. The probabilities differ from step()'s by the
-  /// rounding of their exponent argument (against a different reference), so results
+  /// key): the exponentials do not wait for the maxima, which are found beside them.
+  /// Where the new reference lies within 64 of the speculated one, the probabilities and
+  /// their sums are multiplied by the exact power of two between the two (nothing
+  /// overflowed: each exponent was < 64 + 2^-5; nothing that matters was flushed: a
+  /// value below 2^-126 is then below 2^-62 of the row's largest). Otherwise, at or past
+  /// 2^20 (step()'s rounded form) or on a NaN, returns false with m and l untouched and s
+  /// overwritten: the caller recomputes S and runs step(). on_vote(ok) runs once the
+  /// outcome is known, before the exponentials are done (the caller frees the K stage
+  /// there). Both are the same on every lane of the warp. The probabilities differ from
+  /// step()'s by the rounding of their exponent argument (another reference), so results
   /// are not bitwise those of step().
-  template <int NS, bool kFtz = false>
-  __device__ __forceinline__ bool speculate(float (&s)[NS][4], float scale, float (&alpha)[2]) {
+  template <int NS, bool kFtz = false, class OnVote>
+  __device__ __forceinline__ bool speculate(float (&s)[NS][4], float scale, float (&alpha)[2], OnVote on_vote) {
     const auto ex2 = [](float x) { return kFtz ? fast_exp2_ftz(x) : fast_exp2(x); };
     constexpr float kExactRef = 0x1p20f;
     constexpr int C = NS >= 16 ? 4 : 2;  // independent max chains per row (registers)
-    float spec[2], sum[2], part[2][C];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      spec[h] = m[h] == -INFINITY ? 0.0f : m[h];
-      sum[h] = 0.0f;
-#pragma unroll
-      for (int c = 0; c < C; ++c) part[h][c] = -INFINITY;
-    }
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        part[h][i % C] = fmaxf(part[h][i % C], fmaxf(s[i][2 * h], s[i][2 * h + 1]));
-        s[i][2 * h] = ex2(fmaf(s[i][2 * h], scale, -spec[h]));
-        s[i][2 * h + 1] = ex2(fmaf(s[i][2 * h + 1], scale, -spec[h]));
-        sum[h] += s[i][2 * h] + s[i][2 * h + 1];
-      }
-    }
-    // Pinned before the vote: the compiler would otherwise sink the exponentials into the
-    // one branch that uses them, behind the maxima again.
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(s[i][e]));
-    }
-    float ref[2], mx[2];
+    float spec[2], ref[2], mx[2];
     bool ok = true;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float x = part[h][0];
+      spec[h] = m[h] == -INFINITY ? 0.0f : m[h];
+      float part[C];
 #pragma unroll
-      for (int c = 1; c < C; ++c) x = fmaxf(x, part[h][c]);
+      for (int c = 0; c < C; ++c) part[c] = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < NS; ++i) part[i % C] = fmaxf(part[i % C], fmaxf(s[i][2 * h], s[i][2 * h + 1]));
+      float x = part[0];
+#pragma unroll
+      for (int c = 1; c < C; ++c) x = fmaxf(x, part[c]);
       x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
       x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
       mx[h] = fmaxf(m[h], x * scale);
       ref[h] = mx[h] == -INFINITY ? 0.0f : fminf(ceilf(mx[h]), FLT_MAX);
       ok = ok && fabsf(ref[h] - spec[h]) <= 64.0f && fabsf(ref[h]) < kExactRef;  // false on NaN
     }
-    if (!__all_sync(0xffffffffu, ok)) return false;
+    ok = __all_sync(0xffffffffu, ok);
+    on_vote(ok);
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        s[i][2 * h] = ex2(fmaf(s[i][2 * h], scale, -spec[h]));
+        s[i][2 * h + 1] = ex2(fmaf(s[i][2 * h + 1], scale, -spec[h]));
+        sum[h] += s[i][2 * h] + s[i][2 * h + 1];
+      }
+    }
+    // Pinned before the branch: the compiler would otherwise sink the exponentials into
+    // the one path that uses them, behind the vote.
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(s[i][e]));
+    }
+    if (!ok) return false;
     float fix[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

@@ -173,20 +173,27 @@ struct Consumer {
       cute::warpgroup_wait<0>();
     }
     fence_operand(s);
-    // The speculative softmax may recompute S from this K stage and Q tile: both are
-    // released after it.
+    // The K stage (and, after an item's last tile, its Q tile) is free once S has landed;
+    // with the speculative softmax, once it knows it will not recompute S from them.
     const int k_slot = ks.slot;
-    if constexpr (!Pol::kSpecSoftmax) {
+    const auto free_k = [&](bool ok) {  // predicated: no branch between S and the softmax
+      const bool lead = ok && (ltid & 31) == 0;
+      arrive_if(sm.k_empty(k_slot), lead, cluster == 2, peer);
+      arrive_if(sm.q_empty(q_slot), lead && last);
+    };
+#ifndef PAGEDMHA_SPEC_DIAG
+#define PAGEDMHA_SPEC_DIAG 0
+#endif
+    constexpr bool kEarly = (!Pol::kSpecSoftmax && PAGEDMHA_SPEC_DIAG != 2) || PAGEDMHA_SPEC_DIAG == 1;
+    if constexpr (kEarly) {
       release(sm.k_empty(k_slot));
       ks.advance();
       if (last) release_q(q_slot);
-    }
-    softmax(var, s, tile * BN, t, smx, alpha, k_slot, q_slot);
-    if constexpr (Pol::kSpecSoftmax) {
-      release(sm.k_empty(k_slot));
+    } else {
       ks.advance();
-      if (last) release_q(q_slot);
     }
+    softmax(var, s, tile * BN, t, smx, alpha, k_slot, q_slot, free_k);
+    if constexpr (!kEarly && !Pol::kSpecSoftmax) free_k(true);
     if constexpr (pv) {
       cute::warpgroup_wait<0>();  // the pending P V
       fence_operand(o);
@@ -304,11 +311,12 @@ struct Consumer {
 
   /// One online-softmax step over the NS m16n8 fragments of keys [key0, key0 + 8 NS) of
   /// K stage `slot`. With Pol::kSpecSoftmax the exponentials run against the current
-  /// references while the maxima are found (SoftmaxRows::speculate); where a reference
-  /// jumps too far the warp recomputes its S (recompute_s) and takes the plain step.
-  template <int NS>
+  /// references while the maxima are found (SoftmaxRows::speculate), and free_k runs as
+  /// soon as the warp knows it will not read the K stage again; where a reference jumps
+  /// too far, the warp recomputes its S (recompute_s), takes the plain step, then frees it.
+  template <int NS, class FreeK>
   __device__ void softmax(const Variant& var, float (&s)[NS][4], int key0, const QueryTile& t, SoftmaxRows& smx,
-                          float (&alpha)[2], int slot, int q_slot) const {
+                          float (&alpha)[2], int slot, int q_slot, FreeK free_k) const {
     if constexpr (PAGEDMHA_SM90_DIAG == 1 || PAGEDMHA_SM90_DIAG == 3) {
       alpha[0] = alpha[1] = 1.0f;
       return;
@@ -317,10 +325,18 @@ struct Consumer {
     float fold = var.transform(s);
     if (boundary) mask(s, key0, t);
     if constexpr (Pol::kSpecSoftmax) {
-      if (!Pol::kSpecRecomputeAlways && smx.template speculate<NS, Pol::kFtzExp2>(s, fold, alpha)) return;
-      recompute_s(s, slot, q_slot);
+      constexpr bool kFree = PAGEDMHA_SPEC_DIAG != 1;
+      if (!Pol::kSpecRecomputeAlways && smx.template speculate<NS, Pol::kFtzExp2>(s, fold, alpha, [&](bool ok) {
+            if (kFree) free_k(ok);
+          })) {
+        return;
+      }
+      if (PAGEDMHA_SPEC_DIAG != 1) recompute_s(s, slot, q_slot);
       fold = var.transform(s);
       if (boundary) mask(s, key0, t);
+      smx.template step<NS, Pol::kFtzExp2>(s, fold, alpha);
+      if (kFree) free_k(true);
+      return;
     }
     smx.template step<NS, Pol::kFtzExp2>(s, fold, alpha);
   }
