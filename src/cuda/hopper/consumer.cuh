@@ -152,7 +152,7 @@ struct Consumer {
   /// S has NS = BN / 8 fragments, or BN / 16 where no row sees a key of the tile's upper
   /// half (first_step): S and the softmax then cover its first BN / 2 keys and P's
   /// upper half is 0 (the P V is whole).
-  template <bool pv, int NS, class OnPv>
+  template <bool pv, bool kFirst, int NS, class OnPv>
   __device__ __forceinline__ void kv_step(const Variant& var, float (&s)[NS][4], uint32_t (&pa)[BN / 16][4],
                                           float (&o)[D / 8][4], float (&alpha)[2], SoftmaxRows& smx,
                                           const QueryTile& t, int tile, int q_slot, bool last, KPipe& ks, VPipe& vs,
@@ -173,27 +173,15 @@ struct Consumer {
       cute::warpgroup_wait<0>();
     }
     fence_operand(s);
-    // The K stage (and, after an item's last tile, its Q tile) is free once S has landed;
-    // with the speculative softmax, once it knows it will not recompute S from them.
-    const int k_slot = ks.slot;
-    const auto free_k = [&](bool ok) {  // predicated: no branch between S and the softmax
-      const bool lead = ok && (ltid & 31) == 0;
-      arrive_if(sm.k_empty(k_slot), lead, cluster == 2, peer);
-      arrive_if(sm.q_empty(q_slot), lead && last);
-    };
-#ifndef PAGEDMHA_SPEC_DIAG
-#define PAGEDMHA_SPEC_DIAG 0
-#endif
-    constexpr bool kEarly = (!Pol::kSpecSoftmax && PAGEDMHA_SPEC_DIAG != 2) || PAGEDMHA_SPEC_DIAG == 1;
-    if constexpr (kEarly) {
-      release(sm.k_empty(k_slot));
-      ks.advance();
-      if (last) release_q(q_slot);
-    } else {
-      ks.advance();
-    }
-    softmax(var, s, tile * BN, t, smx, alpha, k_slot, q_slot, free_k);
-    if constexpr (!kEarly && !Pol::kSpecSoftmax) free_k(true);
+    // The K stage is free once S has landed (the speculative softmax's rare recompute
+    // reads K from the cache); after an item's last tile its Q tile too, or with the
+    // speculative softmax once the warp knows it will not recompute S from it.
+    release(sm.k_empty(ks.slot));
+    ks.advance();
+    constexpr bool kSpec = Pol::kSpecSoftmax && !kFirst;
+    if (!kSpec && last) release_q(q_slot);
+    softmax<kSpec>(var, s, tile * BN, t, smx, alpha, q_slot,
+                   [&](bool ok) { arrive_if(sm.q_empty(q_slot), ok && last && (ltid & 31) == 0); });
     if constexpr (pv) {
       cute::warpgroup_wait<0>();  // the pending P V
       fence_operand(o);
@@ -216,12 +204,12 @@ struct Consumer {
                                              int n, int q_slot, KPipe& ks, VPipe& vs) const {
     const auto step = [&](auto& sx) {
       if (pending) {
-        kv_step<true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [&] {
+        kv_step<true, true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [&] {
           epilogue(var, prev, o, done);
           zero(o);
         });
       } else {
-        kv_step<false>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [] {});
+        kv_step<false, true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [] {});
       }
     };
     if (t.keys.span_hi - (t.keys.end - 1) * BN <= BN / 2) {
@@ -298,7 +286,7 @@ struct Consumer {
       wait(sm.q_full(qs.slot), qs.phase);
       first_step(var, s, pa, o, alpha, smx, done, prev, pending, t, n, qs.slot, ks, vs);
       for (int j = 1; j < n; ++j) {
-        kv_step<true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs, [] {});
+        kv_step<true, false>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs, [] {});
       }
       qs.advance();
       pending = true;
@@ -309,60 +297,74 @@ struct Consumer {
     if (Pol::kPingPong && wg == 0) named_sync(kBarTurn0, 256);  // the last warpgroup's last pass
   }
 
-  /// One online-softmax step over the NS m16n8 fragments of keys [key0, key0 + 8 NS) of
-  /// K stage `slot`. With Pol::kSpecSoftmax the exponentials run against the current
-  /// references while the maxima are found (SoftmaxRows::speculate), and free_k runs as
-  /// soon as the warp knows it will not read the K stage again; where a reference jumps
-  /// too far, the warp recomputes its S (recompute_s), takes the plain step, then frees it.
-  template <int NS, class FreeK>
+  /// One online-softmax step over the NS m16n8 fragments of keys [key0, key0 + 8 NS).
+  /// kSpec (Pol::kSpecSoftmax, after an item's first step, which sets the references):
+  /// the exponentials run against the current references while the row maxima are found
+  /// (SoftmaxRows::speculate); where a reference jumps too far the warp recomputes its S
+  /// (recompute_s) and takes the plain step. free_q(ok) runs once the warp knows whether
+  /// it reads the Q tile again.
+  template <bool kSpec, int NS, class FreeQ>
   __device__ void softmax(const Variant& var, float (&s)[NS][4], int key0, const QueryTile& t, SoftmaxRows& smx,
-                          float (&alpha)[2], int slot, int q_slot, FreeK free_k) const {
+                          float (&alpha)[2], int q_slot, FreeQ free_q) const {
     if constexpr (PAGEDMHA_SM90_DIAG == 1 || PAGEDMHA_SM90_DIAG == 3) {
       alpha[0] = alpha[1] = 1.0f;
+      if constexpr (kSpec) free_q(true);
       return;
     }
     const bool boundary = !(key0 >= t.keys.common_lo && key0 + 8 * NS <= t.keys.common_hi);
     float fold = var.transform(s);
     if (boundary) mask(s, key0, t);
-    if constexpr (Pol::kSpecSoftmax) {
-      constexpr bool kFree = PAGEDMHA_SPEC_DIAG != 1;
-      if (!Pol::kSpecRecomputeAlways && smx.template speculate<NS, Pol::kFtzExp2>(s, fold, alpha, [&](bool ok) {
-            if (kFree) free_k(ok);
-          })) {
-        return;
-      }
-      if (PAGEDMHA_SPEC_DIAG != 1) recompute_s(s, slot, q_slot);
+    if constexpr (kSpec) {
+      if (!Pol::kSpecRecomputeAlways && smx.template speculate<NS, Pol::kFtzExp2>(s, fold, alpha, free_q)) return;
+      recompute_s(s, t, key0, q_slot);
       fold = var.transform(s);
       if (boundary) mask(s, key0, t);
       smx.template step<NS, Pol::kFtzExp2>(s, fold, alpha);
-      if (kFree) free_k(true);
+      free_q(true);
       return;
     }
     smx.template step<NS, Pol::kFtzExp2>(s, fold, alpha);
   }
 
-  /// S of this warp's 16 rows again, by mma.sync from the Q tile and K stage in shared
-  /// memory (the wgmma is warpgroup-wide; this path is one warp's, and rare: a reference
-  /// jumping by more than 64). Same fragment layout as the wgmma's accumulator.
+  /// S of this warp's 16 rows again, by mma.sync (the wgmma is warpgroup-wide; this path
+  /// is one warp's, and rare: a reference jumping by more than 64). Q from its tile in
+  /// shared memory; K from the cache in global memory, since its stage went back to the
+  /// producer once S landed (holding it through the softmax cost 4-5% at D = 64: 
+  /// docs/perf-notes/prefill-sm90-schedule.md section 13), as the producer loads it
+  /// (fp8: the same exact conversion) and 0 outside the keys the tile reads (masked).
+  /// The same fragment layout and sums as the wgmma's: bitwise its S.
   template <int NS>
-  __device__ __forceinline__ void recompute_s(float (&s)[NS][4], int slot, int q_slot) const {
+  __device__ __forceinline__ void recompute_s(float (&s)[NS][4], const QueryTile& t, int key0, int q_slot) const {
+    constexpr int kEs = Pol::kFp8Kv ? 1 : 2;  // cache element bytes
     const int lane = ltid & 31;
-    const uint32_t q = smem_addr(sm.q(q_slot)), k = smem_addr(sm.k(slot));
+    const uint32_t q = smem_addr(sm.q(q_slot));
     const int qr = wg * 64 + (ltid >> 5) * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);  // A: matrices (rows, k half)
-    const int kr = (lane & 7) + 8 * (lane >> 4);                                       // B: (key block, k half)
-    // Key blocks outside, k steps inside a loop: few registers live beside O and P,
-    // which the pending P V still holds.
+    // B of m16n8k16: lane holds key (lane / 4) of the block, dims 2 (lane % 4) + {0, 1, 8, 9}.
+    const char* base = static_cast<const char*>(p.a.k) + (int64_t{t.kv_head} * p.a.k_head_stride + (lane & 3) * 2) * kEs;
+    const int32_t* pages = p.a.page_table + int64_t{t.b} * p.a.page_table_row_stride;
+    const auto pair = [&](const char* row, int d) -> uint32_t {
+      if (row == nullptr) return 0u;
+      if constexpr (Pol::kFp8Kv) {
+        return fp8x2_to<M>(*reinterpret_cast<const uint16_t*>(row + d));
+      } else {
+        return *reinterpret_cast<const uint32_t*>(row + 2 * d);
+      }
+    };
 #pragma unroll
-    for (int i = 0; i < NS; i += 2) {
+    for (int i = 0; i < NS; ++i) {
+      const int pos = key0 + 8 * i + (lane >> 2);
+      const char* row = nullptr;
+      if (pos >= t.keys.span_lo && pos < t.keys.span_hi) {
+        row = base + (int64_t{__ldg(pages + p.geo.col(pos))} * p.a.k_page_stride +
+                      int64_t{p.geo.row(pos)} * p.a.k_token_stride) * kEs;
+      }
       s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-      s[i + 1][0] = s[i + 1][1] = s[i + 1][2] = s[i + 1][3] = 0.0f;
+      // k steps in a loop: few registers live beside O and P, which the pending P V holds.
 #pragma unroll 1
       for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4], b[4];
+        uint32_t a[4];
         ldmatrix_x4(a, q + tile_offset(BM, qr, 2 * kk + (lane >> 4)));
-        ldmatrix_x4(b, k + tile_offset(BN, 8 * i + kr, 2 * kk + ((lane >> 3) & 1)));
-        mma_16816<M>(s[i], a, b[0], b[1]);
-        mma_16816<M>(s[i + 1], a, b[2], b[3]);
+        mma_16816<M>(s[i], a, pair(row, 16 * kk), pair(row, 16 * kk + 8));
       }
     }
   }

@@ -29,7 +29,8 @@
 // raw tile has landed) and =2 its stores (loads and conversions remain): diagnostics of
 // what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_SPEC_SOFTMAX=1
 // exponentiates against the current reference while the row maxima are found
-// (consumer.cuh softmax), =2 recomputes S for every tile instead (its rare path, slow).
+// (consumer.cuh softmax) wherever two consumer warpgroups run, =0 nowhere (the default:
+// fp8 KV at D = 64), =2 recomputes S for every tile instead (its rare path, slow).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -88,7 +89,7 @@
 #define PAGEDMHA_SM90_V_STAGES 0
 #endif
 #ifndef PAGEDMHA_SM90_SPEC_SOFTMAX
-#define PAGEDMHA_SM90_SPEC_SOFTMAX 0
+#define PAGEDMHA_SM90_SPEC_SOFTMAX -1
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -181,13 +182,18 @@ struct PrefillPolicy {
   // docs/perf-notes/prefill-sm90.md). No split-KV here, so nothing is compared bitwise across key
   // ranges. PAGEDMHA_SM90_FTZ=0 restores the plain ex2 (experiment).
   static constexpr bool kFtzExp2 = PAGEDMHA_SM90_FTZ != 0;
-  // The softmax speculates that the tile leaves the row's reference where it is: the
+  // The softmax speculates that a tile leaves the row's reference where it is: the
   // exponentials start from it at once and the maxima are found beside them, off their
   // chain; a moved reference costs one exact power-of-two multiply, a jump past 64 (or
-  // the 2^20 range) a recomputed S (consumer.cuh softmax). Experiment, s15.
-  // Not with three consumer warpgroups (160 registers): the rare path's mma.sync spills.
+  // the 2^20 range) a recomputed S from the cache (consumer.cuh softmax). Where the
+  // softmax is the larger part of a step: two consumer warpgroups at D = 64, which is fp8
+  // KV there (+4-7% at gpt-oss 1 x 16k, 4 x 4k and the TP-8 rank, H200 s16run2); at
+  // D = 128 +2% at 1 x 16k and level at 4 x 4k (docs/perf-notes/prefill-sm90-schedule.md
+  // section 13). Not with three consumer warpgroups: the recompute's mma.sync spills in
+  // their 160 registers.
   static constexpr bool kSpecSoftmax =
-      PAGEDMHA_SM90_SPEC_SOFTMAX != 0 && PAGEDMHA_SM90_DIAG == 0 && kConsumerWarpgroups == 2;
+      (PAGEDMHA_SM90_SPEC_SOFTMAX < 0 ? Fp8Kv && D == 64 : PAGEDMHA_SM90_SPEC_SOFTMAX != 0) &&
+      PAGEDMHA_SM90_DIAG == 0 && kConsumerWarpgroups == 2;
   static constexpr bool kSpecRecomputeAlways = PAGEDMHA_SM90_SPEC_SOFTMAX == 2;  // test of the rare path
   // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
   // on every shape, s13run1); every r-th S fragment exponentiated by a polynomial on the

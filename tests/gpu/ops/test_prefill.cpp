@@ -192,6 +192,50 @@ TEST(GpuPrefill, Fp8KvQueriesPastFp16RangeSaturateOnHopper) {
   }
 }
 
+// Logits that rise by at least 96 nats (138 in log2 units) from one 128-key tile to the
+// one before it. The Hopper kernels run an item's tiles last first, so every step after
+// its first moves the rows' reference by more than 64: where the softmax speculates
+// (prefill_sm90/policy.h kSpecSoftmax: fp8 KV at D = 64), each such warp recomputes its S
+// from the cache (consumer.cuh recompute_s), by TMA and by the gather (page 3). Dims
+// below 16 carry the rise (q = 1, k = kRise[tiles from the end], exact in e4m3), the
+// rest keep their random values, so the softmax within a tile is not flat.
+TEST(GpuPrefill, LogitJumpsBetweenKeyTiles) {
+  REQUIRE_GPU();
+  constexpr double kRise[] = {0, 6, 12, 24, 48, 96};
+  int i = 0;
+  for (int D : {64, 128}) {
+    for (DType kv : {DType::fp8_e4m3, DType::bf16}) {
+      for (int P : {16, 3}) {
+        for (bool causal : {true, false}) {
+          AttnCase c = gpu_case(/*decode=*/false);
+          c.Hq = 8, c.Hkv = 2, c.D = D, c.page_size = P;
+          c.kv_dtype = kv;
+          c.kv_lens = {700, 300};  // 6 and 3 key tiles
+          c.q_lens = {700, 45};
+          c.sm_scale = 1.0;
+          c.causal = causal;
+          c.seed = 2700 + i++;
+          c.name = describe(c) + " logit jumps";
+          AttnProblem p = build(c);
+          for (int64_t r = 0; r < p.q.shape[0]; ++r)
+            for (int h = 0; h < c.Hq; ++h)
+              for (int d = 0; d < 16; ++d) p.q.set({r, h, d}, 1.0);
+          const oracle::Format f = format_of(p.kv.dtype);
+          for (int b = 0; b < p.batch; ++b) {
+            const int tiles = (c.kv_lens[b] + 127) / 128;
+            for (int j = 0; j < c.kv_lens[b]; ++j)
+              for (int h = 0; h < c.Hkv; ++h)
+                for (int d = 0; d < 16; ++d) oracle::store(f, kRise[tiles - 1 - j / 128], p.kv.kp(p.slots[b][j], h, d));
+          }
+          const Reference ref = p.reference(/*from_cache=*/true);
+          if (!run_gpu_or_fail(p, c.name)) continue;
+          EXPECT_TRUE(check_attention(p, ref)) << c.name;
+        }
+      }
+    }
+  }
+}
+
 // Prefill of a prompt == prefill of its last 120 queries with the rest as prefix.
 TEST(GpuPrefill, ChunkedEqualsWhole) {
   REQUIRE_GPU();
