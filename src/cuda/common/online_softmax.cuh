@@ -111,10 +111,10 @@ struct SoftmaxRows {
   /// value below 2^-126 is then below 2^-62 of the row's largest). Otherwise, at or past
   /// 2^20 (step()'s rounded form) or on a NaN, returns false with m and l untouched and s
   /// overwritten: the caller recomputes S and runs step(). on_vote(ok) runs once the
-  /// outcome is known, before the exponentials are done (the caller frees the K stage
-  /// there). Both are the same on every lane of the warp. The probabilities differ from
-  /// step()'s by the rounding of their exponent argument (another reference), so results
-  /// are not bitwise those of step().
+  /// outcome is known, before the exponentials are done (the caller frees there what
+  /// the recompute would not read). Both are the same on every lane of the warp. The
+  /// probabilities differ from step()'s by the rounding of their exponent argument
+  /// (another reference), so results are not bitwise those of step().
   template <int NS, bool kFtz = false, class OnVote>
   __device__ __forceinline__ bool speculate(float (&s)[NS][4], float scale, float (&alpha)[2], OnVote on_vote) {
     const auto ex2 = [](float x) { return kFtz ? fast_exp2_ftz(x) : fast_exp2(x); };

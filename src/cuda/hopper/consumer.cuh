@@ -248,6 +248,8 @@ struct Consumer {
   /// items. The last P V of an item goes in with the next item's first QK, and its
   /// epilogue runs once that P V is done (short prompts have a few tiles per item: a
   /// drained pipeline cost them a QK, a softmax and a P V of idle tensor cores each).
+  /// Inlined into the kernel: where ptxas left it a call (fp8 at D = 128 with the
+  /// speculative softmax), it serialized every wgmma (C7510).
   __device__ __forceinline__ void run() {
     const Variant var{p.a};
     KPipe ks;
@@ -329,7 +331,7 @@ struct Consumer {
   /// S of this warp's 16 rows again, by mma.sync (the wgmma is warpgroup-wide; this path
   /// is one warp's, and rare: a reference jumping by more than 64). Q from its tile in
   /// shared memory; K from the cache in global memory, since its stage went back to the
-  /// producer once S landed (holding it through the softmax cost 4-5% at D = 64: 
+  /// producer once S landed (holding it through the softmax cost 4-5% at D = 64:
   /// docs/perf-notes/prefill-sm90-schedule.md section 13), as the producer loads it
   /// (fp8: the same exact conversion) and 0 outside the keys the tile reads (masked).
   /// The same fragment layout and sums as the wgmma's: bitwise its S.

@@ -163,18 +163,13 @@ struct PipeState {
 
 __device__ __forceinline__ void wait(uint64_t* bar, uint32_t phase) { Barrier::wait(bar, phase); }
 __device__ __forceinline__ void arrive(uint64_t* bar) { Barrier::arrive(bar); }
-/// Arrive on this CTA's barrier and, with `remote`, on CTA `cta`'s of the cluster, where
-/// `pred`: predicated instructions, no branch, so the compiler may schedule them among
-/// independent arithmetic.
-__device__ __forceinline__ void arrive_if(uint64_t* bar, bool pred, bool remote = false, uint32_t cta = 0) {
+/// arrive() where `pred`: a predicated instruction, no branch, so the compiler may
+/// schedule it among independent arithmetic.
+__device__ __forceinline__ void arrive_if(uint64_t* bar, bool pred) {
   asm volatile(
-      "{\n\t.reg .pred p, r;\n\t.reg .b32 ra;\n\t"
-      "setp.ne.b32 p, %1, 0;\n\tsetp.ne.b32 r, %2, 0;\n\t"
-      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n\t"
-      "mapa.shared::cluster.u32 ra, %0, %3;\n\t"
-      "@r mbarrier.arrive.shared::cluster.b64 _, [ra];\n\t}"
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %1, 0;\n\t@p mbarrier.arrive.shared::cta.b64 _, [%0];\n\t}"
       :
-      : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(static_cast<int>(pred)), "r"(static_cast<int>(pred && remote)), "r"(cta)
+      : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(static_cast<int>(pred))
       : "memory");
 }
 __device__ __forceinline__ void expect_tx(uint64_t* bar, uint32_t bytes) { TxBarrier::expect_transaction(bar, bytes); }

@@ -187,10 +187,10 @@ struct PrefillPolicy {
   // chain; a moved reference costs one exact power-of-two multiply, a jump past 64 (or
   // the 2^20 range) a recomputed S from the cache (consumer.cuh softmax). Where the
   // softmax is the larger part of a step: two consumer warpgroups at D = 64, which is fp8
-  // KV there (+4-7% at gpt-oss 1 x 16k, 4 x 4k and the TP-8 rank, H200 s16run2); at
-  // D = 128 +2% at 1 x 16k and level at 4 x 4k (docs/perf-notes/prefill-sm90-schedule.md
-  // section 13). Not with three consumer warpgroups: the recompute's mma.sync spills in
-  // their 160 registers.
+  // KV there (+3-5% at gpt-oss 1 x 16k, 4 x 4k and the TP-8 rank, H200 s16run4); at
+  // D = 128 +1-3% at 1 x 16k and -1 to +1% at 4 x 4k and 16 x 1k, so off
+  // (docs/perf-notes/prefill-sm90-schedule.md section 13). Not with three consumer
+  // warpgroups: the recompute's mma.sync spills in their 160 registers.
   static constexpr bool kSpecSoftmax =
       (PAGEDMHA_SM90_SPEC_SOFTMAX < 0 ? Fp8Kv && D == 64 : PAGEDMHA_SM90_SPEC_SOFTMAX != 0) &&
       PAGEDMHA_SM90_DIAG == 0 && kConsumerWarpgroups == 2;
