@@ -29,8 +29,9 @@
 // raw tile has landed) and =2 its stores (loads and conversions remain): diagnostics of
 // what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_SPEC_SOFTMAX=1
 // exponentiates against the current reference while the row maxima are found
-// (consumer.cuh softmax) wherever two consumer warpgroups run, =0 nowhere (the default:
-// fp8 KV at D = 64), =2 recomputes S for every tile instead (its rare path, slow).
+// (consumer.cuh softmax) wherever two consumer warpgroups run, =3 with three too, =0
+// nowhere (the default: fp8 KV at D = 64), =2 recomputes S for every tile instead (its
+// rare path, slow).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -189,11 +190,11 @@ struct PrefillPolicy {
   // softmax is the larger part of a step: two consumer warpgroups at D = 64, which is fp8
   // KV there (+3-5% at gpt-oss 1 x 16k, 4 x 4k and the TP-8 rank, H200 s16run4); at
   // D = 128 +1-3% at 1 x 16k and -1 to +1% at 4 x 4k and 16 x 1k, so off
-  // (docs/perf-notes/prefill-sm90-schedule.md section 13). Not with three consumer
-  // warpgroups: the recompute's mma.sync spills in their 160 registers.
+  // (docs/perf-notes/prefill-sm90-schedule.md section 13). Not yet with three consumer
+  // warpgroups (=3 builds it: 158 of their 160 registers, not measured).
   static constexpr bool kSpecSoftmax =
       (PAGEDMHA_SM90_SPEC_SOFTMAX < 0 ? Fp8Kv && D == 64 : PAGEDMHA_SM90_SPEC_SOFTMAX != 0) &&
-      PAGEDMHA_SM90_DIAG == 0 && kConsumerWarpgroups == 2;
+      PAGEDMHA_SM90_DIAG == 0 && (kConsumerWarpgroups == 2 || PAGEDMHA_SM90_SPEC_SOFTMAX == 3);
   static constexpr bool kSpecRecomputeAlways = PAGEDMHA_SM90_SPEC_SOFTMAX == 2;  // test of the rare path
   // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
   // on every shape, s13run1); every r-th S fragment exponentiated by a polynomial on the
