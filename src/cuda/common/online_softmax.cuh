@@ -108,12 +108,13 @@ struct SoftmaxRows {
   /// Where the new reference lies within 64 of the speculated one, the probabilities and
   /// their sums are multiplied by the exact power of two between the two (nothing
   /// overflowed: each exponent was < 64 + 2^-5; nothing that matters was flushed: a
-  /// value below 2^-126 is then below 2^-62 of the row's largest). Otherwise, at or past
-  /// 2^20 (step()'s rounded form) or on a NaN, returns false with m and l untouched and s
-  /// overwritten: the caller recomputes S and runs step(). on_vote(ok) runs once the
-  /// outcome is known, before the exponentials are done (the caller frees there what
-  /// the recompute would not read). Both are the same on every lane of the warp. The
-  /// probabilities differ from step()'s by the rounding of their exponent argument
+  /// value below 2^-126 is then below 2^-62 of the row's largest). Otherwise (a jump past
+  /// 64, or at or past 2^20: step()'s rounded form) returns false with m and l untouched
+  /// and s overwritten: the caller recomputes S and runs step(). NaN logits drop out of
+  /// the maxima and propagate through the exponentials, as in step(). on_vote(ok) runs
+  /// once the outcome is known, before the exponentials are done (the caller frees there
+  /// what the recompute would not read). Both are the same on every lane of the warp.
+  /// The probabilities differ from step()'s by the rounding of their exponent argument
   /// (another reference), so results are not bitwise those of step().
   template <int NS, bool kFtz = false, class OnVote>
   __device__ __forceinline__ bool speculate(float (&s)[NS][4], float scale, float (&alpha)[2], OnVote on_vote) {
@@ -137,7 +138,7 @@ struct SoftmaxRows {
       x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
       mx[h] = fmaxf(m[h], x * scale);
       ref[h] = mx[h] == -INFINITY ? 0.0f : fminf(ceilf(mx[h]), FLT_MAX);
-      ok = ok && fabsf(ref[h] - spec[h]) <= 64.0f && fabsf(ref[h]) < kExactRef;  // false on NaN
+      ok = ok && fabsf(ref[h] - spec[h]) <= 64.0f && fabsf(ref[h]) < kExactRef;
     }
     ok = __all_sync(0xffffffffu, ok);
     on_vote(ok);

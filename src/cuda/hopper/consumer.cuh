@@ -342,7 +342,8 @@ struct Consumer {
     const uint32_t q = smem_addr(sm.q(q_slot));
     const int qr = wg * 64 + (ltid >> 5) * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);  // A: matrices (rows, k half)
     // B of m16n8k16: lane holds key (lane / 4) of the block, dims 2 (lane % 4) + {0, 1, 8, 9}.
-    const char* base = static_cast<const char*>(p.a.k) + (int64_t{t.kv_head} * p.a.k_head_stride + (lane & 3) * 2) * kEs;
+    const char* base =
+        static_cast<const char*>(p.a.k) + (int64_t{t.kv_head} * p.a.k_head_stride + (lane & 3) * 2) * kEs;
     const int32_t* pages = p.a.page_table + int64_t{t.b} * p.a.page_table_row_stride;
     const auto pair = [&](const char* row, int d) -> uint32_t {
       if (row == nullptr) return 0u;

@@ -241,12 +241,15 @@ inline void check_split_counts(AttnCase c, std::initializer_list<int> splits) {
 }
 
 /// Logits that overflow fp32 (docs/semantics.md section 8.1): q = 1, keys of slot s are
-/// 1 (logit 64 * 1e37 -> +inf), -1 (-inf) or 0 by s % 3, V = s % 7. The GPU must give no
-/// NaN and match the CPU path, which tests/cpu/ops/overflow_logits_test.cpp pins by hand.
-inline void check_overflowing_logits(AttnCase c, int num_splits = 0) {
+/// 1 (logit 64 * 1e37 -> +inf), -1 (-inf) or 0 by s % 3, V = s % 7 (all exact in a bf16
+/// or an fp8 `kv` cache). The GPU must give no NaN and match the CPU path, which
+/// tests/cpu/ops/overflow_logits_test.cpp pins by hand.
+inline void check_overflowing_logits(AttnCase c, int num_splits = 0, DType kv = DType::bf16) {
   c.Hq = 2, c.Hkv = 1, c.D = 64;
   c.sm_scale = 1e37;
-  c.q_dtype = c.kv_dtype = DType::bf16;
+  c.q_dtype = DType::bf16;
+  c.kv_dtype = kv;
+  c.k_scale = c.v_scale = 1.0;
   c.name = "overflowing logits " + describe(c) + " splits=" + std::to_string(num_splits);
   const AttnProblem p = build(c);
   fill_q(p, c.Hq, c.D, [] { return 1.0; });

@@ -123,11 +123,16 @@ TEST(GpuPrefill, OverflowingLogitsNeverNaN) {
   c.kv_lens = {1, 70, 300};
   c.q_lens = {1, 70, 200};
   c.seed = 530;
-  check_overflowing_logits(c);
-  c.causal = false;
-  check_overflowing_logits(c);
-  c.soft_cap = 30.0;
-  check_overflowing_logits(c);
+  // fp8 KV at D = 64 runs the speculative softmax on Hopper: references past 2^20 take
+  // its recompute.
+  for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+    c.causal = true, c.soft_cap = 0.0;
+    check_overflowing_logits(c, 0, kv);
+    c.causal = false;
+    check_overflowing_logits(c, 0, kv);
+    c.soft_cap = 30.0;
+    check_overflowing_logits(c, 0, kv);
+  }
 }
 
 TEST(GpuPrefill, LongerPromptsAndChunks) {
@@ -192,38 +197,44 @@ TEST(GpuPrefill, Fp8KvQueriesPastFp16RangeSaturateOnHopper) {
   }
 }
 
-// Logits that rise by at least 96 nats (138 in log2 units) from one 128-key tile to the
-// one before it. The Hopper kernels run an item's tiles last first, so every step after
-// its first moves the rows' reference by more than 64: where the softmax speculates
-// (prefill_sm90/policy.h kSpecSoftmax: fp8 KV at D = 64), each such warp recomputes its S
-// from the cache (consumer.cuh recompute_s), by TMA and by the gather (page 3). Dims
-// below 16 carry the rise (q = 1, k = kRise[tiles from the end], exact in e4m3), the
-// rest keep their random values, so the softmax within a tile is not flat.
+// Logits that jump by 96 nats (138 in log2 units) between some 128-key tiles. The Hopper
+// kernels run an item's tiles last first, so such a step moves a row's reference by more
+// than 64: where the softmax speculates (prefill_sm90/policy.h kSpecSoftmax: fp8 KV at
+// D = 64), the warp recomputes its S from the cache (consumer.cuh recompute_s), by TMA
+// and by the gather (page 3). Dims below 16 carry the rise (k = kRise[tiles from the
+// end], exact in e4m3), for even heads only (q = 1 there, 0 for odd heads): the warps
+// that recompute also hold rows whose result depends on every tile. The rise steps up
+// twice and stays flat between, so speculative steps follow each recompute; with a
+// window the recomputed tiles are boundary tiles (masked after the recompute). The rest
+// of the dims keep their random values, so the softmax within a tile is not flat.
 TEST(GpuPrefill, LogitJumpsBetweenKeyTiles) {
   REQUIRE_GPU();
-  constexpr double kRise[] = {0, 6, 12, 24, 48, 96};
+  constexpr double kRise[] = {0, 6, 6, 12, 12, 12};
   int i = 0;
   for (int D : {64, 128}) {
     for (DType kv : {DType::fp8_e4m3, DType::bf16}) {
       for (int P : {16, 3}) {
-        for (bool causal : {true, false}) {
+        for (int mode = 0; mode < 3; ++mode) {  // causal, non-causal, causal with a window
           AttnCase c = gpu_case(/*decode=*/false);
           c.Hq = 8, c.Hkv = 2, c.D = D, c.page_size = P;
           c.kv_dtype = kv;
           c.kv_lens = {700, 300};  // 6 and 3 key tiles
           c.q_lens = {700, 45};
           c.sm_scale = 1.0;
-          c.causal = causal;
+          c.causal = mode != 1;
+          if (mode == 2) c.window_left = 200, c.release_window_pages = true;
           c.seed = 2700 + i++;
           c.name = describe(c) + " logit jumps";
           AttnProblem p = build(c);
           for (int64_t r = 0; r < p.q.shape[0]; ++r)
             for (int h = 0; h < c.Hq; ++h)
-              for (int d = 0; d < 16; ++d) p.q.set({r, h, d}, 1.0);
+              for (int d = 0; d < 16; ++d) p.q.set({r, h, d}, h % 2 == 0 ? 1.0 : 0.0);
           const oracle::Format f = format_of(p.kv.dtype);
           for (int b = 0; b < p.batch; ++b) {
-            const int tiles = (c.kv_lens[b] + 127) / 128;
-            for (int j = 0; j < c.kv_lens[b]; ++j)
+            const int L = c.kv_lens[b], tiles = (L + 127) / 128;
+            // Pages wholly before the window went back to the pool (build): not this request's.
+            const int first = c.window_left >= 0 ? std::max(0, L - p.q_lens[b] - c.window_left) / P * P : 0;
+            for (int j = first; j < L; ++j)
               for (int h = 0; h < c.Hkv; ++h)
                 for (int d = 0; d < 16; ++d) oracle::store(f, kRise[tiles - 1 - j / 128], p.kv.kp(p.slots[b][j], h, d));
           }
