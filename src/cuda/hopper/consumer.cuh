@@ -310,7 +310,6 @@ struct Consumer {
                           float (&alpha)[2], int q_slot, FreeQ free_q) const {
     if constexpr (PAGEDMHA_SM90_DIAG == 1 || PAGEDMHA_SM90_DIAG == 3) {
       alpha[0] = alpha[1] = 1.0f;
-      if constexpr (kSpec) free_q(true);
       return;
     }
     const bool boundary = !(key0 >= t.keys.common_lo && key0 + 8 * NS <= t.keys.common_hi);
