@@ -119,10 +119,8 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
     p.page_table = d_tables + int64_t{copy} * B * cols;
     const AttentionArgs a = decode_args(p);
     bool done = false;
-    if constexpr (!kFp8) {
-      if (sm90::kDecodeSm90 && kernel_path(0) == KernelPath::sm90) {
-        done = sm90::run_decode<D, T>(p, a, sms, stream);
-      }
+    if (sm90::kDecodeSm90 && (!kFp8 || sm90::kDecodeSm90Fp8) && kernel_path(0) == KernelPath::sm90) {
+      done = sm90::run_decode<D, T, KV>(p, a, sms, stream);
     }
     if (!done) launch_decode<D, T, KV>(a, 0, sms, stream);
   };
@@ -189,7 +187,9 @@ const Shape kShapes[] = {
     {"llama3-70b-tp8", 8, 1, 128, 1, 32768, 16},      {"llama3-70b-tp8", 8, 1, 128, 32, 2048, 16},
     {"llama3-70b-tp8", 8, 1, 128, 256, 2048, 16},     {"llama3-70b-tp8", 8, 1, 128, 64, 8192, 16},
     {"llama3-8b", 32, 8, 128, 64, 4096, 16, -1, true}, {"llama3-8b", 32, 8, 128, 128, 32768, 16, -1, true},
-    {"gpt-oss", 64, 8, 64, 64, 4096, 16, -1, true},
+    {"gpt-oss", 64, 8, 64, 64, 4096, 16, -1, true},  {"llama3-8b", 32, 8, 128, 1, 32768, 16, -1, true},
+    {"gpt-oss", 64, 8, 64, 128, 32768, 16, -1, true}, {"gpt-oss", 64, 8, 64, 1, 32768, 16, -1, true},
+    {"llama3-70b-tp8", 8, 1, 128, 64, 8192, 16, -1, true},
 };
 
 }  // namespace

@@ -128,7 +128,8 @@ def classify(body):
 
 def key_tile_loop(ins):
     """(start, end) indices (inclusive) of the key-tile loop in a function's Instructions,
-    or None: the innermost backward-branch range holding an HMMA and an LDGSTS or UTMALDG."""
+    or None: the innermost backward-branch range holding an HMMA and an LDGSTS, UTMALDG or
+    SYNCS (the Hopper decode's consumer warps wait on the ring's barriers)."""
     index = {x.addr: i for i, x in enumerate(ins)}
     loops = {}  # target index -> last back-edge index
     for i, x in enumerate(ins):
@@ -138,7 +139,7 @@ def key_tile_loop(ins):
     best = None
     for s, e in loops.items():
         ops = {y.base for y in ins[s:e + 1]}
-        if "HMMA" in ops and ops & {"LDGSTS", "UTMALDG"} and (best is None or e - s < best[1] - best[0]):
+        if "HMMA" in ops and ops & {"LDGSTS", "UTMALDG", "SYNCS"} and (best is None or e - s < best[1] - best[0]):
             best = (s, e)
     return best
 
@@ -146,19 +147,20 @@ def key_tile_loop(ins):
 _TYPES = {"__nv_bfloat16": "bf16", "__half": "fp16", "__nv_fp8_e4m3": "fp8", "__nv_fp8_e5m2": "fp8e5m2"}
 
 
-SM90_KW = {64: 32, 128: 16}  # decode_sm90/policy.h defaults (eight warps)
+SM90_KW = {64: 32, 128: 16}  # decode_sm90/policy.h defaults for 16-bit caches; 32 for fp8
 
 
 def traits(demangled):
     """The instance of AttentionTraits<D, T, KV, WM, MT = 1, KW = 0, ...> in a demangled
     kernel name, with KW's default resolved and BN = KW * (4 / WM), or of
-    decode_sm90_kernel<D, T> (KW from SM90_KW, BN = KW: one warp's tile); None if absent."""
+    decode_sm90_kernel<D, T, KV> (KW from SM90_KW, BN = KW: one warp's tile); None if absent."""
     t = lambda s: _TYPES.get(s.split("::")[-1], s.split("::")[-1])
-    m = re.search(r"decode_sm90_kernel<(\d+), ([\w:]+)>", demangled)
+    m = re.search(r"decode_sm90_kernel<(\d+), ([\w:]+)(?:, ([\w:]+))?>", demangled)
     if m:
         d = int(m.group(1))
-        kw = SM90_KW.get(d, 32)
-        return {"D": d, "T": t(m.group(2)), "KV": t(m.group(2)), "WM": 1, "MT": 1, "KW": kw, "BN": kw}
+        kv = t(m.group(3) or m.group(2))
+        kw = 32 if kv == "fp8" else SM90_KW.get(d, 32)
+        return {"D": d, "T": t(m.group(2)), "KV": kv, "WM": 1, "MT": 1, "KW": kw, "BN": kw}
     m = re.search(r"AttentionTraits<(\d+), ([\w:]+), ([\w:]+), (\d+)((?:, \w+)*)>", demangled)
     if not m:
         return None

@@ -260,7 +260,10 @@ __device__ void attention_mainloop(const AttentionArgs& a, const AttentionSmem<T
       }
     }
     if constexpr (Tr::kFp8) {
-      qk_fp8<Tr>(s, q_base, k_base, wm, wn, lane);  // K fragments converted in registers
+      const auto q_frag = [&](int chunk, int mt, uint32_t(&qa)[4]) {
+        q_fragment_fp8_order<kChunks>(qa, q_base, (wm * MT + mt) * 16 + (lane >> 2), chunk, lane);
+      };
+      qk_fp8<Tr>(s, q_frag, k_base, wn, lane);  // K fragments converted in registers
     } else {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {

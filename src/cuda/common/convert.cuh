@@ -129,15 +129,18 @@ __device__ __forceinline__ void fp8x4_deinterleave_to_half(uint32_t w, uint32_t&
   odd = fp8x2_to<__half>(static_cast<uint16_t>(x >> 16));
 }
 
-/// 8 bf16 -> 8 fp16 (16 bytes each), round to nearest, saturating at +-65504 (finite
-/// inputs stay finite; inf and NaN stay inf and NaN): a bf16 query entering fp16 GEMMs.
+/// A bf16 pair -> an fp16 pair, round to nearest, saturating at +-65504 (finite inputs
+/// stay finite; inf and NaN stay inf and NaN): a bf16 query entering fp16 GEMMs.
+__device__ __forceinline__ uint32_t bf16x2_to_half_sat(uint32_t w) {
+  const auto sat = [](float x) { return fabsf(x) <= 65504.0f || !(fabsf(x) < INFINITY) ? x : copysignf(65504.0f, x); };
+  const __half2 h = __floats2half2_rn(sat(__uint_as_float(w << 16)), sat(__uint_as_float(w & 0xffff0000u)));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+/// 8 bf16 -> 8 fp16 (16 bytes each), as bf16x2_to_half_sat.
 __device__ __forceinline__ uint4 bf16x8_to_half_sat(const uint4& in) {
-  const auto cvt = [](uint32_t w) {
-    const auto sat = [](float x) { return fabsf(x) <= 65504.0f || !(fabsf(x) < INFINITY) ? x : copysignf(65504.0f, x); };
-    const __half2 h = __floats2half2_rn(sat(__uint_as_float(w << 16)), sat(__uint_as_float(w & 0xffff0000u)));
-    return *reinterpret_cast<const uint32_t*>(&h);
-  };
-  return make_uint4(cvt(in.x), cvt(in.y), cvt(in.z), cvt(in.w));
+  return make_uint4(bf16x2_to_half_sat(in.x), bf16x2_to_half_sat(in.y), bf16x2_to_half_sat(in.z),
+                    bf16x2_to_half_sat(in.w));
 }
 
 /// 8 fp32 -> 8 values of T packed in 16 bytes.

@@ -25,27 +25,33 @@
 
 namespace pagedmha::cuda {
 
-/// s[mt] += Q K^T over the warp's KW keys of a raw fp8 K tile at k_base.
-template <class Tr>
-__device__ __forceinline__ void qk_fp8(float (&s)[Tr::MT][Tr::KW / 8][4], uint32_t q_base, uint32_t k_base, int wm,
-                                       int wn, int lane) {
-  using T = typename Tr::QkT;  // Q's type in shared memory: the mma's
+/// Q's A fragment for qk_fp8 from a swizzled [rows][kChunks] 16-bit Q tile in shared
+/// memory: rows r and r + 8, dims 16 chunk + 4t .. + 3 (one 8-byte load per row).
+template <int kChunks>
+__device__ __forceinline__ void q_fragment_fp8_order(uint32_t (&qa)[4], uint32_t q_base, int r, int chunk, int lane) {
+  const int t = lane & 3;
+  const int c = 2 * chunk + (t >> 1);  // 16-byte chunk holding dims 16 chunk + 4t .. + 3
+  const uint32_t off = (t & 1) * 8;
+  lds64(qa[0], qa[2], q_base + swizzle<kChunks>(r, c) + off);
+  lds64(qa[1], qa[3], q_base + swizzle<kChunks>(r + 8, c) + off);
+}
+
+/// s[mt] += Q K^T over the warp's KW keys (from key wn KW) of a raw fp8 K tile at k_base.
+/// q_frag(chunk, mt, qa) gives Q's A fragment of row tile mt for dims 16 chunk .. + 15 in
+/// the permuted order above (q_fragment_fp8_order, or registers loaded in that order).
+template <class Tr, class QFrag>
+__device__ __forceinline__ void qk_fp8(float (&s)[Tr::MT][Tr::KW / 8][4], QFrag q_frag, uint32_t k_base, int wn,
+                                       int lane) {
+  using T = typename Tr::QkT;  // the mma's 16-bit type
   constexpr int D = Tr::D, KW = Tr::KW, MT = Tr::MT, kRaw = D / 16;
   static_assert(kRaw % 2 == 0, "k16 steps in pairs");
-  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk += 2) {
     uint32_t qa[2][MT][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int r = (wm * MT + mt) * 16 + g;
-        const int c = 2 * (kk + j) + (t >> 1);  // T chunk holding dims 16 (kk + j) + 4t..+3
-        const uint32_t off = (t & 1) * 8;
-        lds64(qa[j][mt][0], qa[j][mt][2], q_base + swizzle<Tr::kChunks>(r, c) + off);
-        lds64(qa[j][mt][1], qa[j][mt][3], q_base + swizzle<Tr::kChunks>(r + 8, c) + off);
-      }
+      for (int mt = 0; mt < MT; ++mt) q_frag(kk + j, mt, qa[j][mt]);
     }
 #pragma unroll
     for (int np = 0; np < KW / 16; ++np) {

@@ -1,7 +1,8 @@
 // batch_decode's one dispatch point and launcher: the split policy, workspace layout and
 // forced split count, then the Hopper decode (decode_sm90/) on sm_90a where it is
-// switched on (PAGEDMHA_DECODE_SM90, off by default: decode_sm90/policy.h) and the call
-// fits it (16-bit cache and queries, D <= 128, G * q_len <= 16, a TMA layout), else the
+// switched on (PAGEDMHA_DECODE_SM90 and, for fp8 caches, PAGEDMHA_DECODE_SM90_FP8: on
+// by default, decode_sm90/policy.h) and the call fits it (16-bit queries, D <= 128,
+// G * q_len <= 16, a TMA layout), else the
 // portable mma.sync decode (decode_kernel.cuh). The split count of each request is
 // decided on the device from its own length.
 #include <cuda_runtime.h>
@@ -29,7 +30,7 @@ void launch_decode(const AttentionArgs& a, int device, int sm_count, cudaStream_
 #if PAGEDMHA_WITH_SM90
 namespace sm90 {
 // Defined in decode_sm90/decode_sm90_hd{64,128}.cu; false when the call does not fit.
-template <int D, class T>
+template <int D, class T, class KV>
 bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& a, int sm_count, cudaStream_t stream);
 }  // namespace sm90
 #endif
@@ -53,8 +54,9 @@ void batch_decode(const detail::AttentionProblem& p) {
     bool done = false;
     dispatch_attention("batch_decode", p, [&](auto d, auto t, auto kv) {
       using T = typename decltype(t)::type;
-      if constexpr (decltype(d)::value <= 128 && std::is_same<T, typename decltype(kv)::type>::value) {
-        done = sm90::run_decode<decltype(d)::value, T>(p, a, sm_count, stream);
+      using KV = typename decltype(kv)::type;
+      if constexpr (decltype(d)::value <= 128 && (std::is_same<T, KV>::value || sm90::kDecodeSm90Fp8)) {
+        done = sm90::run_decode<decltype(d)::value, T, KV>(p, a, sm_count, stream);
       }
     });
     if (done) return;

@@ -1,9 +1,11 @@
-// Hopper decode instantiations for head dim 64 (one file per head dim: parallel compilation).
+// Hopper decode instantiations for head dim 64 and 16-bit caches (one file per head dim
+// and cache dtype: parallel compilation).
 #include "cuda/decode_sm90/launch.cuh"
 
 namespace pagedmha::cuda::sm90 {
 
-template bool run_decode<64, __nv_bfloat16>(const detail::AttentionProblem&, const AttentionArgs&, int, cudaStream_t);
-template bool run_decode<64, __half>(const detail::AttentionProblem&, const AttentionArgs&, int, cudaStream_t);
+template bool run_decode<64, __nv_bfloat16, __nv_bfloat16>(const detail::AttentionProblem&, const AttentionArgs&, int,
+                                                           cudaStream_t);
+template bool run_decode<64, __half, __half>(const detail::AttentionProblem&, const AttentionArgs&, int, cudaStream_t);
 
 }  // namespace pagedmha::cuda::sm90

@@ -9,7 +9,8 @@
 //     an empty mbarrier per stage) and runs on into the CTA's next item without draining;
 //   * consumer warp w reads keys [w KW, w KW + KW) of every stage: Q in registers (A
 //     fragments), S = Q K^T and O += P V by m16n8k16 from the swizzled stages, the online
-//     softmax of online_softmax.cuh, the variant of device_variant.cuh;
+//     softmax of online_softmax.cuh, the variant of device_variant.cuh; fp8 caches stay
+//     raw in the ring and are converted in registers (common/fp8_fragments.cuh);
 //   * the item's epilogue merges the warps' (m, l, O) in a fixed order and writes o and
 //     lse (one split) or the partials that decode_merge_kernel combines.
 #pragma once
@@ -18,9 +19,11 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/attention_args.cuh"
 #include "cuda/common/convert.cuh"
+#include "cuda/common/fp8_fragments.cuh"
 #include "cuda/common/mma.cuh"
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/decode/decode_kernel.cuh"
@@ -33,15 +36,16 @@ namespace pagedmha::cuda::sm90 {
 
 /// Passed as a __grid_constant__ parameter (TMA reads the tensor maps from it).
 struct DecodeSm90Params {
-  CUtensorMap tm_k;  // [pages][page_size][Hkv][D], boxes [1][geo.box_rows][1][64], 128B swizzle
+  CUtensorMap tm_k;  // [pages][page_size][Hkv][D], boxes [1][geo.box_rows][1][64 or fp8 D] (policy.h kPanels)
   CUtensorMap tm_v;
   AttentionArgs a;
   PageGeometry geo;
 };
 
 /// Shared memory: the ring's stages (K tile, then V tile; [kTileKeys][D] as 64-column
-/// panels of 128-byte swizzled rows, sm90.cuh tile_offset), the epilogue buffers and
-/// statistics, then the stages' full and empty barriers.
+/// panels of 128-byte swizzled rows, sm90.cuh tile_offset, or fp8 rows in
+/// paged_loader.cuh's swizzle_rows), the epilogue buffers and statistics, then the
+/// stages' full and empty barriers.
 template <class Pol>
 struct DecodeSmem {
   char* base;
@@ -150,10 +154,27 @@ __device__ __forceinline__ WarpItem warp_item(const AttentionArgs& a, int b, int
   return it;
 }
 
+/// Byte offset of 16-byte chunk c of row r in a stage's K or V tile.
+template <class Pol>
+__device__ __forceinline__ uint32_t ring_offset(int r, int c) {
+  if constexpr (Pol::kFp8) {
+    return swizzle_rows<Pol::kChunks>(r, c);
+  } else {
+    return tile_offset(Pol::kTileKeys, r, c);
+  }
+}
+
 template <class Pol, class T>
 struct DecodeWarp {
   static constexpr int D = Pol::kHeadDim, KW = Pol::KW, S = Pol::kStages, W = Pol::kWarps, R = Pol::kRows;
   static constexpr int TK = Pol::kTileKeys;  // rows of a stage
+  // The fp8 fragments' view of the warp's tile (fp8_fragments.cuh): one m16 row tile,
+  // S = Q K^T in fp16 (policy.h kQkF16) or in T.
+  using QkT = std::conditional_t<Pol::kQkF16, __half, T>;
+  struct Fp8Tile {
+    using QkT = DecodeWarp::QkT;
+    static constexpr int D = Pol::kHeadDim, KW = Pol::KW, MT = 1;
+  };
   const DecodeSm90Params& p;
   const DecodeSmem<Pol> sm;
   int warp, lane;
@@ -219,7 +240,9 @@ struct DecodeWarp {
     }
   }
 
-  /// Q of rows g and g + 8 as m16n8k16 A fragments (zero for padding rows).
+  /// Q of rows g and g + 8 as m16n8k16 A fragments of QkT (zero for padding rows); for
+  /// fp8 caches in qk_fp8's dim order (dims 16 kk + 4t .. + 3 as k 2t, 2t + 1, 2t + 8,
+  /// 2t + 9), a bf16 query rounded to fp16 where S is computed in fp16.
   __device__ void load_q(const DecodeRows& rows, uint32_t (&qa)[D / 16][4]) const {
     const AttentionArgs& a = p.a;
     const int g = lane >> 2, t4 = lane & 3;
@@ -230,10 +253,21 @@ struct DecodeWarp {
         static_cast<const T*>(a.q) + (r1.valid ? r1.qrow * a.q_row_stride + int64_t{r1.head} * a.q_head_stride : 0));
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      qa[kk][0] = r0.valid ? __ldg(q0 + kk * 8 + t4) : 0u;
-      qa[kk][1] = r1.valid ? __ldg(q1 + kk * 8 + t4) : 0u;
-      qa[kk][2] = r0.valid ? __ldg(q0 + kk * 8 + 4 + t4) : 0u;
-      qa[kk][3] = r1.valid ? __ldg(q1 + kk * 8 + 4 + t4) : 0u;
+      if constexpr (Pol::kFp8) {
+        qa[kk][0] = r0.valid ? __ldg(q0 + kk * 8 + 2 * t4) : 0u;
+        qa[kk][1] = r1.valid ? __ldg(q1 + kk * 8 + 2 * t4) : 0u;
+        qa[kk][2] = r0.valid ? __ldg(q0 + kk * 8 + 2 * t4 + 1) : 0u;
+        qa[kk][3] = r1.valid ? __ldg(q1 + kk * 8 + 2 * t4 + 1) : 0u;
+        if constexpr (!std::is_same<QkT, T>::value) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[kk][e] = bf16x2_to_half_sat(qa[kk][e]);
+        }
+      } else {
+        qa[kk][0] = r0.valid ? __ldg(q0 + kk * 8 + t4) : 0u;
+        qa[kk][1] = r1.valid ? __ldg(q1 + kk * 8 + t4) : 0u;
+        qa[kk][2] = r0.valid ? __ldg(q0 + kk * 8 + 4 + t4) : 0u;
+        qa[kk][3] = r1.valid ? __ldg(q1 + kk * 8 + 4 + t4) : 0u;
+      }
     }
   }
 
@@ -243,7 +277,7 @@ struct DecodeWarp {
     const uint32_t base = smem_addr(v);
     for (int idx = lane; idx < KW * Pol::kChunks; idx += 32) {
       const int r = idx / Pol::kChunks;
-      if (r < r0 || r >= r1) sts128(base + tile_offset(TK, row0 + r, idx % Pol::kChunks), make_uint4(0, 0, 0, 0));
+      if (r < r0 || r >= r1) sts128(base + ring_offset<Pol>(row0 + r, idx % Pol::kChunks), make_uint4(0, 0, 0, 0));
     }
     __syncwarp();
   }
@@ -255,38 +289,67 @@ struct DecodeWarp {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[i][e] = 0.0f;
     }
+    if constexpr (Pol::kFp8) {
+      const auto q_frag = [&](int chunk, int, uint32_t(&f)[4]) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+        for (int e = 0; e < 4; ++e) f[e] = qa[chunk][e];
+      };
+      qk_fp8<Fp8Tile>(reinterpret_cast<float(&)[1][KW / 8][4]>(s), q_frag, k_base, warp, lane);
+    } else {
 #pragma unroll
-      for (int np = 0; np < KW / 16; ++np) {
-        uint32_t kb[4];
-        const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-        ldmatrix_x4(kb, k_base + tile_offset(TK, row0 + key, 2 * kk + ((lane >> 3) & 1)));
-        mma_16816<T>(s[2 * np], qa[kk], kb[0], kb[1]);
-        mma_16816<T>(s[2 * np + 1], qa[kk], kb[2], kb[3]);
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < KW / 16; ++np) {
+          uint32_t kb[4];
+          const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+          ldmatrix_x4(kb, k_base + tile_offset(TK, row0 + key, 2 * kk + ((lane >> 3) & 1)));
+          mma_16816<T>(s[2 * np], qa[kk], kb[0], kb[1]);
+          mma_16816<T>(s[2 * np + 1], qa[kk], kb[2], kb[3]);
+        }
       }
     }
   }
 
-  /// O += P V with P the tile's probabilities.
+  /// O += P V with P the tile's probabilities (fp8: accumulators in pv_fp8's even / odd
+  /// dim layout, which acc_pairs reads).
   __device__ void pv(const float (&s)[KW / 8][4], uint32_t v_base, float (&acc)[D / 8][4]) const {
+    if constexpr (Pol::kFp8) {
+      pv_fp8<Fp8Tile>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
+                      reinterpret_cast<const float(&)[1][KW / 8][4]>(s), v_base, warp, lane);
+    } else {
 #pragma unroll
-    for (int kk = 0; kk < KW / 16; ++kk) {
-      uint32_t pa[4];
-      pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      const int key = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+      for (int kk = 0; kk < KW / 16; ++kk) {
+        uint32_t pa[4];
+        pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+        pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+        pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        const int key = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, v_base + tile_offset(TK, row0 + key, 2 * dp + (lane >> 4)));
-        mma_16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
-        mma_16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, v_base + tile_offset(TK, row0 + key, 2 * dp + (lane >> 4)));
+          mma_16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
+          mma_16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+        }
       }
     }
   }
+
+  /// Pair i (of D / 8) of the dims this lane holds of row g (h = 0) or g + 8 (h = 1):
+  /// its values and first dim (pair_dim + lane_dim, kept apart so the stores keep their
+  /// constant offsets). In the m16n8 layout acc[i][2h], acc[i][2h + 1] at 8i + 2t;
+  /// in pv_fp8's even / odd layout (i = 2c + e) acc[2c][2h + e], acc[2c + 1][2h + e] at
+  /// 16c + 4t + 2e.
+  __device__ static float2 acc_pair(const float (&acc)[D / 8][4], int i, int h) {
+    if constexpr (Pol::kFp8) {
+      return make_float2(acc[i & ~1][2 * h + (i & 1)], acc[i | 1][2 * h + (i & 1)]);
+    } else {
+      return make_float2(acc[i][2 * h], acc[i][2 * h + 1]);
+    }
+  }
+  __device__ static int pair_dim(int i) { return Pol::kFp8 ? 16 * (i >> 1) + 2 * (i & 1) : 8 * i; }
+  __device__ static int lane_dim(int t4) { return Pol::kFp8 ? 4 * t4 : 2 * t4; }
 
   /// The consumer warps' barrier: named barrier 1, beside the ring's producer.
   __device__ static void consumers_sync() { named_sync(1, Pol::kConsumerThreads); }
@@ -324,8 +387,9 @@ struct DecodeWarp {
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
-          *reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + 8 * i + 2 * t4) =
-              make_float2(acc[i][2 * h] * f[h], acc[i][2 * h + 1] * f[h]);
+          const float2 x = acc_pair(acc, i, h);
+          *reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + pair_dim(i) + lane_dim(t4)) =
+              make_float2(x.x * f[h], x.y * f[h]);
         }
       }
     }
@@ -336,9 +400,9 @@ struct DecodeWarp {
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
           for (int i = 0; i < D / 8; ++i) {
-            float2* x = reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + 8 * i + 2 * t4);
-            const float2 y = *x;
-            *x = make_float2(y.x + acc[i][2 * h] * f[h], y.y + acc[i][2 * h + 1] * f[h]);
+            float2* x = reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + pair_dim(i) + lane_dim(t4));
+            const float2 y = *x, z = acc_pair(acc, i, h);
+            *x = make_float2(y.x + z.x * f[h], y.y + z.y * f[h]);
           }
         }
       }
@@ -400,11 +464,12 @@ struct DecodeRingProducer {
         wait(sm.empty(st.slot), st.phase ^ 1);
         const uint32_t boxes = __popc(__ballot_sync(0xffffffffu, mine));
         if (lane == 0) {
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(sm.full(st.slot), boxes * 2 * g.box_rows * 128);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(sm.full(st.slot),
+                                                                         boxes * 2 * g.box_rows * Pol::kBoxRowBytes);
         }
         __syncwarp();
         if (mine) {
-          const uint32_t off = c * TK * 128 + (pos - tile * TK) * 128;
+          const uint32_t off = c * TK * Pol::kBoxRowBytes + (pos - tile * TK) * Pol::kBoxRowBytes;
           tma_load_4d(&p.tm_k, sm.full(st.slot), sm.k(st.slot) + off, c * 64, it.kv_head, g.row(pos), page,
                       kEvictFirst);
           tma_load_4d(&p.tm_v, sm.full(st.slot), sm.v(st.slot) + off, c * 64, it.kv_head, g.row(pos), page,
@@ -417,10 +482,12 @@ struct DecodeRingProducer {
   }
 };
 
-template <int D, class T>
-__global__ void __launch_bounds__(DecodePolicy<D>::kThreads, DecodePolicy<D>::kCtasPerSm) decode_sm90_kernel(const __grid_constant__ DecodeSm90Params p) {
+template <int D, class T, class KV>
+__global__ void __launch_bounds__(DecodePolicy<D, sizeof(KV) == 1>::kThreads,
+                                  DecodePolicy<D, sizeof(KV) == 1>::kCtasPerSm)
+    decode_sm90_kernel(const __grid_constant__ DecodeSm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Pol = DecodePolicy<D>;
+  using Pol = DecodePolicy<D, sizeof(KV) == 1>;
   extern __shared__ char smem_raw[];
   const DecodeSmem<Pol> sm(smem_raw);
   const int tid = threadIdx.x;

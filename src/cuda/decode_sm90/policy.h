@@ -28,6 +28,19 @@
 #ifndef PAGEDMHA_DECODE_SM90
 #define PAGEDMHA_DECODE_SM90 1
 #endif
+// PAGEDMHA_DECODE_SM90_FP8=0 keeps fp8 e4m3 caches on the portable decode;
+// PAGEDMHA_DECODE_SM90_FP8_QK_F16=0 computes their S = Q K^T in the query's dtype.
+#ifndef PAGEDMHA_DECODE_SM90_FP8
+#define PAGEDMHA_DECODE_SM90_FP8 1
+#endif
+#ifndef PAGEDMHA_DECODE_SM90_FP8_QK_F16
+#define PAGEDMHA_DECODE_SM90_FP8_QK_F16 1
+#endif
+// PAGEDMHA_DECODE_SM90_FP8_CTAS=c: CTAs per SM of the fp8 D = 64 kernel (the others
+// follow PAGEDMHA_DECODE_SM90_CTAS).
+#ifndef PAGEDMHA_DECODE_SM90_FP8_CTAS
+#define PAGEDMHA_DECODE_SM90_FP8_CTAS 2
+#endif
 
 namespace pagedmha::cuda::sm90 {
 
@@ -37,9 +50,19 @@ namespace pagedmha::cuda::sm90 {
 /// mbarrier per stage) across item boundaries without draining: the loads of the next
 /// item run during this item's last tiles and epilogue (the portable decode refills and
 /// drains its pipeline per item: docs/perf-notes/decode.md, "What is in the way").
-template <int D>
+template <int D, bool kFp8Kv = false>
 struct DecodePolicy {
   static constexpr int kHeadDim = D;
+  // fp8 e4m3 caches: the raw bytes go through the ring (half the bytes of a 16-bit stage)
+  // in the swizzle the portable fp8 fragments read (common/fp8_fragments.cuh: K converted
+  // in registers for Q K^T in T, V for P V in fp16), Q loaded in that dim order.
+  static constexpr bool kFp8 = kFp8Kv;
+  static constexpr int kRowBytes = D * (kFp8 ? 1 : 2);  // one key of K or V in the ring
+  // fp8: S = Q K^T in fp16 whatever the query dtype, as the Hopper prefill
+  // (prefill_sm90/policy.h kMmaF16): each K pair converts with one F2FP where bf16 takes
+  // ~4 integer / HMUL2 instructions per value; a bf16 query is rounded to fp16 once per
+  // item (saturating past 65504: docs/semantics.md section 2).
+  static constexpr bool kQkF16 = kFp8 && PAGEDMHA_DECODE_SM90_FP8_QK_F16 != 0;
   // Four consumer warps per CTA, with two CTAs: two warps per SMSP, as eight warps in one
   // CTA had (with one warp per SMSP every dependent step of a tile, ldmatrix -> mma chains,
   // the softmax's shuffles and ex2, is exposed; H200 sixth session runs 2 and 3).
@@ -56,22 +79,26 @@ struct DecodePolicy {
   // portable decode on small items (windows, the TP-8 rank: s11run1), two of four gain
   // 3-10% there (s13run1). Three CTAs of two warps: windows +3 to +11%, 64 x 4k -3 to
   // -5% (s13run3).
-  static constexpr int kCtasPerSm = PAGEDMHA_DECODE_SM90_CTAS;
+  static constexpr int kCtasPerSm = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_CTAS : PAGEDMHA_DECODE_SM90_CTAS;
   static constexpr int kConsumerThreads = 32 * kWarps;
   static constexpr int kThreads = kConsumerThreads + 32;  // and the producer warp
   // The G * q_len query rows of a KV head in one m16 tile (mma.sync m16n8k16): decode
   // rows are few (G = 4..8), so wgmma's 64-row minimum would waste 3/4 or more of it.
   static constexpr int kRows = 16;
   // Keys per warp tile: 32 (S in 16 registers: half the per-tile costs of 16 keys, the
-  // barrier wait, row maxima and rescale test); 16 at D = 128 with eight warps or two
-  // CTAs per SM, where 32 would leave room for one 64 KB stage only.
+  // barrier wait, row maxima and rescale test); 16 for 256-byte rows (16-bit D = 128)
+  // with eight warps or two CTAs per SM, where 32 would leave room for one 64 KB stage
+  // only. fp8 D = 128 rows are 128 bytes: 32 keys in the stages 16-bit rows take 16.
   static constexpr int KW = PAGEDMHA_DECODE_SM90_KW > 0 ? PAGEDMHA_DECODE_SM90_KW
-                            : (D == 128 && (kWarps > 4 || kCtasPerSm > 1) ? 16 : 32);
-  static constexpr int kPanels = D / 64;  // 128-byte swizzled panels of a 16-bit row
-  static constexpr int kChunks = D / 8;   // 16-byte chunks of a row
+                            : (kRowBytes > 128 && (kWarps > 4 || kCtasPerSm > 1) ? 16 : 32);
+  // TMA boxes of a row: 64-column panels of 128 bytes (16-bit), or the whole fp8 row
+  // (128-byte swizzle at D = 128, 64-byte swizzle at D = 64: paged_kv.cuh kv_tensor_maps).
+  static constexpr int kPanels = kFp8 ? 1 : D / 64;
+  static constexpr int kBoxRowBytes = kRowBytes / kPanels;
+  static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks of a row
   // Keys of a stage (decode_split's tile, a.split_tile): every consumer warp's tile.
   static constexpr int kTileKeys = kWarps * KW;
-  static constexpr int kTileBytes = kTileKeys * D * 2;  // K or V of one stage
+  static constexpr int kTileBytes = kTileKeys * kRowBytes;  // K or V of one stage
   static constexpr int kStageBytes = 2 * kTileBytes;
   // Not here: the ring's producer copying each item's Q into shared slots (twelfth
   // session): -6% at 1 x 32k, +1-3% elsewhere with two CTAs per SM (s13run2).
@@ -107,14 +134,18 @@ struct DecodePolicy {
   // (paged_kv.cuh kv_tma_ok).
   static_assert(kTileKeys / 8 * kPanels <= 32, "one lane per box of a stage");
   static_assert(kSmemBytes <= kSmemPerCta, "shared memory");
-  static_assert(kCtasPerSm == 1 || kThreads * kCtasPerSm <= 320, "registers for the consumers (~170 each)");
+  // ptxas fits the registers to 65536 / (kThreads x kCtasPerSm): 204 with two CTAs of
+  // four consumer warps (the 16-bit consumers take ~170), 136 with three.
+  static_assert(kCtasPerSm == 1 || kThreads * kCtasPerSm <= 480, "registers for the consumers");
 };
 
-/// The switch: batch_decode (decode.cu) tries this kernel only when it is on.
+/// The switch: batch_decode (decode.cu) tries this kernel only when it is on, and for fp8
+/// caches only when kDecodeSm90Fp8 is on too.
 constexpr bool kDecodeSm90 = PAGEDMHA_DECODE_SM90 != 0;
+constexpr bool kDecodeSm90Fp8 = PAGEDMHA_DECODE_SM90_FP8 != 0;
 
 /// Whether a decode call fits here: G * q_len_per_req rows in one m16 tile, 16-bit queries
-/// (fp8 caches and queries stay on the portable kernel). The K / V layout test (TMA boxes
+/// (fp8 queries stay on the portable kernel). The K / V layout test (TMA boxes
 /// per page) is paged_kv.cuh's kv_tma_ok.
 inline bool decode_sm90_rows_ok(int group, int q_len_per_req, bool q_fp8) {
   return !q_fp8 && group * q_len_per_req <= 16;

@@ -70,17 +70,27 @@ constexpr CUtensorMapDataType tensor_map_dtype() {
 }
 
 /// K / V tensor maps: [pages][page_size][Hkv][D] with boxes of [kv_box_rows][64] of one
-/// head (16-bit, swizzled) or [kv_box_rows][D] bytes (fp8, unswizzled). `geo` is set either way.
-/// False when the layout does not allow TMA or the driver refuses the maps.
+/// head (16-bit, 128-byte swizzle) or [kv_box_rows][D] bytes (fp8: unswizzled, or with
+/// fp8_swizzled the swizzle of the raw tiles' fragment reads, common/paged_loader.cuh
+/// swizzle_rows: 128-byte rows at D = 128, 64-byte rows at D = 64). `geo` is set either
+/// way. False when the layout does not allow TMA or the driver refuses the maps.
 template <int D, class T, bool kFp8>
 bool kv_tensor_maps(const detail::KvCacheDesc& kv, int block_n, CUtensorMap& tm_k, CUtensorMap& tm_v,
-                    PageGeometry& geo) {
+                    PageGeometry& geo, bool fp8_swizzled = false) {
   const int64_t es = kFp8 ? 1 : 2;
   geo = PageGeometry::make(kv.page_size, kv_box_rows(kv.page_size, block_n));
   if (!kv_tma_ok(kv.page_size, block_n, kv.k.data, kv.v.data, kv.k.page_stride * es, kv.k.token_stride * es,
                  kv.k.head_stride * es, kv.v.page_stride * es, kv.v.token_stride * es, kv.v.head_stride * es,
                  kv.num_pages)) {
     return false;
+  }
+  CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  if (kFp8) {
+    swizzle = !fp8_swizzled ? CU_TENSOR_MAP_SWIZZLE_NONE
+              : D == 128    ? CU_TENSOR_MAP_SWIZZLE_128B
+              : D == 64     ? CU_TENSOR_MAP_SWIZZLE_64B
+                            : CU_TENSOR_MAP_SWIZZLE_NONE;
+    if (fp8_swizzled && swizzle == CU_TENSOR_MAP_SWIZZLE_NONE) return false;  // rows wider than a swizzle span
   }
   const uint64_t dims[4] = {uint64_t(D), uint64_t(kv.num_kv_heads), uint64_t(kv.page_size), uint64_t(kv.num_pages)};
   const uint32_t box[4] = {kFp8 ? uint32_t(D) : 64u, 1, uint32_t(geo.box_rows), 1};
@@ -89,8 +99,8 @@ bool kv_tensor_maps(const detail::KvCacheDesc& kv, int block_n, CUtensorMap& tm_
   const uint64_t vs[3] = {uint64_t(kv.v.head_stride * es), uint64_t(kv.v.token_stride * es),
                           uint64_t(kv.v.page_stride * es)};
   const CUtensorMapDataType dt = kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : tensor_map_dtype<T>();
-  return encode_tensor_map(&tm_k, dt, 4, kv.k.data, dims, ks, box, !kFp8) &&
-         encode_tensor_map(&tm_v, dt, 4, kv.v.data, dims, vs, box, !kFp8);
+  return encode_tensor_map(&tm_k, dt, 4, kv.k.data, dims, ks, box, swizzle) &&
+         encode_tensor_map(&tm_v, dt, 4, kv.v.data, dims, vs, box, swizzle);
 }
 
 }  // namespace pagedmha::cuda::sm90

@@ -27,7 +27,7 @@ EncodeTiled encoder() {
 }  // namespace
 
 bool encode_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, int rank, const void* base, const uint64_t* dims,
-                       const uint64_t* strides_bytes, const uint32_t* box, bool swizzle128) {
+                       const uint64_t* strides_bytes, const uint32_t* box, CUtensorMapSwizzle swizzle) {
   const EncodeTiled fn = encoder();
   if (fn == nullptr) return false;
   cuuint64_t d[5], st[4];
@@ -39,7 +39,7 @@ bool encode_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, int rank, co
     if (i + 1 < rank) st[i] = strides_bytes[i];
   }
   return fn(map, dtype, static_cast<cuuint32_t>(rank), const_cast<void*>(base), d, st, b, es,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
             CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }

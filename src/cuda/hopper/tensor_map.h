@@ -9,10 +9,11 @@
 namespace pagedmha::cuda::sm90 {
 
 /// A tiled tensor map of `rank` dims (dims[0] contiguous; strides_bytes[i] is the stride
-/// of dims[i + 1]) with boxes of `box` elements, 128-byte swizzle (or none), zero fill
-/// outside. Returns false (never throws) when the driver refuses it: the caller then
+/// of dims[i + 1]) with boxes of `box` elements, the given swizzle (the box's inner
+/// dimension at most the swizzle's span in bytes), zero fill outside. Returns false (never throws) when the driver refuses it: the caller then
 /// loads with cp.async instead.
 bool encode_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, int rank, const void* base, const uint64_t* dims,
-                       const uint64_t* strides_bytes, const uint32_t* box, bool swizzle128 = true);
+                       const uint64_t* strides_bytes, const uint32_t* box,
+                       CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B);
 
 }  // namespace pagedmha::cuda::sm90

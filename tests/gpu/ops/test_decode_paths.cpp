@@ -6,7 +6,9 @@
 //   other page sizes (8 with 16-key runs, 48) take one page id per row;
 // - runs that start mid-request: splits and sliding windows;
 // - more than 32 splits, merged by several passes of the merge CTA's split lanes;
-// - batches past one 128-request chunk of the in-kernel item scan, with row chunks.
+// - batches past one 128-request chunk of the in-kernel item scan, with row chunks;
+// - fp8 caches on the Hopper decode's ring (decode_sm90/: raw fp8 stages of 128 keys in
+//   TMA's 128-byte / 64-byte swizzle, Q in the fp8 fragments' dim order).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -33,6 +35,50 @@ TEST(GpuDecodePaths, Fp8TwoPageRunsWithSplitsAndWindows) {
       check_case(c);     // splits from the lengths
       check_case(c, 5);  // forced: splits start on tiles inside the request
     }
+  }
+}
+
+// fp8 e4m3 caches through the Hopper decode's ring (on other GPUs the portable decode,
+// checked the same way): TMA layouts (page sizes 8 to 256, NHD / HND / interleaved),
+// lengths around the 128-key stage, windows with the pages before them released,
+// sinks, soft-cap, verify rows (G * q_len up to the ring's 16) and the TP-8 rank's one
+// KV head; then split counts, each within an ulp of one split.
+TEST(GpuDecodePaths, Fp8CacheOnTheRing) {
+  REQUIRE_GPU();
+  const int kPages[] = {8, 16, 64, 256};
+  const CacheLayout kLayouts[] = {CacheLayout::nhd4, CacheLayout::hnd4, CacheLayout::interleaved};
+  int i = 0;
+  for (int D : {64, 128}) {
+    for (int variant = 0; variant < 6; ++variant) {
+      AttnCase c = gpu_case();
+      c.D = D;
+      c.kv_dtype = DType::fp8_e4m3;
+      c.q_dtype = variant % 3 == 2 ? DType::fp16 : DType::bf16;
+      c.k_scale = 0.05, c.v_scale = 0.03;
+      c.outlier_gain = variant == 1 ? 20.0 : 0.0;
+      c.page_size = kPages[i % 4];
+      c.layout = kLayouts[i % 3];
+      c.window_left = variant % 2 ? 127 : -1;
+      c.release_window_pages = c.window_left >= 0;
+      if (variant >= 2) {
+        c.sinks = SinkMode::custom;
+        c.custom_sinks = {-1.0, 0.0, 3.0, 20.0, -1.5, 1.0, 2.0, 5.0};
+      }
+      if (variant == 3) c.soft_cap = 30.0;
+      if (variant == 4) c.q_len_per_req = 4;  // G 4 x 4 = 16 rows
+      if (variant == 5) c.Hkv = 1;            // the TP-8 rank: G 8
+      c.kv_lens = {1, 127, 128, 129, 255, 257, 1000, 4097, 0, 9000};
+      c.seed = 1500 + i++;
+      check_case(c);
+    }
+    AttnCase c = gpu_case();
+    c.D = D;
+    c.kv_dtype = DType::fp8_e4m3;
+    c.k_scale = 0.05, c.v_scale = 0.03;
+    c.Hkv = 1;
+    c.kv_lens = {9000, 4097, 300, 129};
+    c.seed = 1600 + D;
+    check_split_counts(c, {0, 3, 40, 128});
   }
 }
 
