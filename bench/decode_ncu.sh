@@ -23,7 +23,7 @@ if [ -n "${VARIANT:-}" ]; then
   [ ${#shapes[@]} -eq 0 ] && shapes=(4 10 12 8 6)
   for sh in "${shapes[@]}"; do
     echo "=== $VARIANT shape $sh"
-    timeout 120 "$ncu" -k "regex:${NCU_KERNEL:-decode_sm90_kernel}" --launch-skip 3 --launch-count 1 \
+    timeout 120 "$ncu" --clock-control none -k "regex:${NCU_KERNEL:-decode_sm90_kernel}" --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
       --section SchedulerStats --section Occupancy --section LaunchStats \
       "$bin" "$VARIANT" "${TMPDIR:-/tmp}/decode-ncu.jsonl" "$sh" 2>&1 | grep -v -E '^==PROF==|^\s*$|----'

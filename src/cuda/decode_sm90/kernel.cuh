@@ -1,9 +1,10 @@
 // The Hopper decode kernel (sm_90a): split-KV decode and speculative verify with the G x
 // q_len query rows of a KV head packed into one m16 tile (mma.sync), K / V streamed by
 // TMA. Structure (policy.h):
-//   * persistent grid, kCtasPerSm CTAs per SM, walking the work items (request, KV head,
-//     split) blockIdx.x, + gridDim.x, ...; the split of each request is decode/policy.h's
-//     (its own length only: results are bitwise the same in any batch);
+//   * persistent grid, kCtasPerSm CTAs per SM, walking the work items (request, split,
+//     KV head: policy.h kHeadsFastest) blockIdx.x, + gridDim.x, ...; the split of each
+//     request is decode/policy.h's (its own length only: results are bitwise the same in
+//     any batch);
 //   * a producer warp fills the CTA's ring of stages (kWarps x KW keys of K and V; one
 //     TMA box per page and 64-column panel, issued by its lanes in parallel; a full and
 //     an empty mbarrier per stage) and runs on into the CTA's next item without draining;
@@ -127,8 +128,9 @@ __device__ __forceinline__ WarpItem warp_item(const AttentionArgs& a, int b, int
   it.b = b;
   it.count = count;
   it.L = L;
-  it.split = local % count;
-  it.kv_head = local / count;  // one row chunk: G * q_len <= 16
+  // One row chunk (G * q_len <= 16).
+  it.split = Pol::kHeadsFastest ? local / a.num_kv_heads : local % count;
+  it.kv_head = Pol::kHeadsFastest ? local % a.num_kv_heads : local / count;
   const int lane = threadIdx.x & 31;
   const DecodeRows rows{a, b, it.kv_head, 0, L};
   const RowDesc d = rows(lane & 15);

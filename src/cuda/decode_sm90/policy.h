@@ -36,8 +36,13 @@
 #ifndef PAGEDMHA_DECODE_SM90_FP8_QK_F16
 #define PAGEDMHA_DECODE_SM90_FP8_QK_F16 1
 #endif
+// PAGEDMHA_DECODE_SM90_ORDER=0 walks a request's items KV head by KV head (each head's
+// splits in a row) instead of split by split (policy below).
 // PAGEDMHA_DECODE_SM90_FP8_CTAS=c: CTAs per SM of the fp8 D = 64 kernel (the others
 // follow PAGEDMHA_DECODE_SM90_CTAS).
+#ifndef PAGEDMHA_DECODE_SM90_ORDER
+#define PAGEDMHA_DECODE_SM90_ORDER 1
+#endif
 #ifndef PAGEDMHA_DECODE_SM90_FP8_CTAS
 #define PAGEDMHA_DECODE_SM90_FP8_CTAS 2
 #endif
@@ -63,6 +68,13 @@ struct DecodePolicy {
   // ~4 integer / HMUL2 instructions per value; a bf16 query is rounded to fp16 once per
   // item (saturating past 65504: docs/semantics.md section 2).
   static constexpr bool kQkF16 = kFp8 && PAGEDMHA_DECODE_SM90_FP8_QK_F16 != 0;
+  // Item order within a request: split by split, the KV heads of a split next to each
+  // other, so that CTAs running at the same time read neighbouring rows. With fp8 at
+  // D = 64 a head's row is half a 128-byte line shared with the next head: walked head by
+  // head, the two halves were read from DRAM at different times and the kernel read 1.7x
+  // the cache's bytes (ncu, H200 s17run4: gpt-oss fp8 128 x 32k 2105 -> 1447 us); other
+  // shapes within -0.7% to +3% (s17run5).
+  static constexpr bool kHeadsFastest = PAGEDMHA_DECODE_SM90_ORDER == 1;
   // Four consumer warps per CTA, with two CTAs: two warps per SMSP, as eight warps in one
   // CTA had (with one warp per SMSP every dependent step of a tile, ldmatrix -> mma chains,
   // the softmax's shuffles and ex2, is exposed; H200 sixth session runs 2 and 3).
