@@ -14,6 +14,12 @@ namespace pagedmha::cuda {
 void batch_decode(const detail::AttentionProblem& p);
 std::size_t decode_workspace_size(int device_index, int64_t batch, int q_len_per_req,
                                   int num_q_heads, int num_kv_heads, int head_dim);
+/// Whether batch_decode on device `device_index` computes S = Q K^T in fp16 for an fp8
+/// cache, a 16-bit query and head dim `head_dim` when the call fits the Hopper decode
+/// (G * q_len_per_req <= 16, a TMA layout): decided by the device and the build's
+/// knobs (decode_sm90/policy.h); a bf16 query then saturates at 65504
+/// (docs/semantics.md section 2). For tests.
+bool decode_fp8_qk_in_fp16(int device_index, int head_dim);
 // prefill/ (dispatching to prefill_sm90/ on Hopper)
 void batch_prefill(const detail::AttentionProblem& p);
 std::size_t prefill_workspace_size(int64_t batch, int64_t total_q);

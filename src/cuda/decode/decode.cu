@@ -29,7 +29,7 @@ void launch_decode(const AttentionArgs& a, int device, int sm_count, cudaStream_
 
 #if PAGEDMHA_WITH_SM90
 namespace sm90 {
-// Defined in decode_sm90/decode_sm90_hd{64,128}.cu; false when the call does not fit.
+// Defined in decode_sm90/decode_sm90_hd{64,128}{,_fp8}.cu; false when the call does not fit.
 template <int D, class T, class KV>
 bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& a, int sm_count, cudaStream_t stream);
 }  // namespace sm90
@@ -41,6 +41,19 @@ std::size_t decode_workspace_size(int /*device_index*/, int64_t batch, int q_len
   // The cap does not depend on the KV dtype, so one size serves bf16 and fp8 caches.
   const int cap = DecodeSplitPolicy::make(head_dim, 2, num_kv_heads).max_splits;
   return DecodeWorkspaceLayout::kAlign + DecodeWorkspaceLayout(batch * q_len_per_req, num_q_heads, head_dim, cap).total;
+}
+
+bool decode_fp8_qk_in_fp16(int device_index, int head_dim) {
+#if PAGEDMHA_WITH_SM90
+  if (!sm90::kDecodeSm90 || !sm90::kDecodeSm90Fp8 || kernel_path(device_index) != KernelPath::sm90) return false;
+  return head_dim == 64    ? sm90::DecodePolicy<64, true>::kQkF16
+         : head_dim == 128 ? sm90::DecodePolicy<128, true>::kQkF16
+                           : false;
+#else
+  (void)device_index;
+  (void)head_dim;
+  return false;
+#endif
 }
 
 void batch_decode(const detail::AttentionProblem& p) {

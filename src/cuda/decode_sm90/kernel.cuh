@@ -6,7 +6,8 @@
 //     request is decode/policy.h's (its own length only: results are bitwise the same in
 //     any batch);
 //   * a producer warp fills the CTA's ring of stages (kWarps x KW keys of K and V; one
-//     TMA box per page and 64-column panel, issued by its lanes in parallel; a full and
+//     TMA box per page and 64-column panel, or per page and fp8 row, issued by its
+//     lanes in parallel; a full and
 //     an empty mbarrier per stage) and runs on into the CTA's next item without draining;
 //   * consumer warp w reads keys [w KW, w KW + KW) of every stage: Q in registers (A
 //     fragments), S = Q K^T and O += P V by m16n8k16 from the swizzled stages, the online
@@ -313,7 +314,7 @@ struct DecodeWarp {
   }
 
   /// O += P V with P the tile's probabilities (fp8: accumulators in pv_fp8's even / odd
-  /// dim layout, which acc_pairs reads).
+  /// dim layout, which acc_pair reads).
   __device__ void pv(const float (&s)[KW / 8][4], uint32_t v_base, float (&acc)[D / 8][4]) const {
     if constexpr (Pol::kFp8) {
       pv_fp8<Fp8Tile>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),

@@ -39,7 +39,9 @@ TEST(GpuDecodePaths, Fp8TwoPageRunsWithSplitsAndWindows) {
 }
 
 // fp8 e4m3 caches through the Hopper decode's ring (on other GPUs the portable decode,
-// checked the same way): TMA layouts (page sizes 8 to 256, NHD / HND / interleaved),
+// checked the same way; that these layouts reach the ring is
+// GpuDecode.Fp8KvQueriesPastFp16RangeSaturateOnHopper's): TMA layouts (page sizes 8 to
+// 256, NHD / HND / interleaved),
 // lengths around the 128-key stage, windows with the pages before them released,
 // sinks, soft-cap, verify rows (G * q_len up to the ring's 16) and the TP-8 rank's one
 // KV head; then split counts, each within an ulp of one split.
