@@ -38,13 +38,17 @@
 #endif
 // PAGEDMHA_DECODE_SM90_ORDER=0 walks a request's items KV head by KV head (each head's
 // splits in a row) instead of split by split (policy below).
-// PAGEDMHA_DECODE_SM90_FP8_CTAS=c: CTAs per SM of the fp8 D = 64 kernel (the others
-// follow PAGEDMHA_DECODE_SM90_CTAS).
+// PAGEDMHA_DECODE_SM90_FP8_CTAS=c and PAGEDMHA_DECODE_SM90_FP8_KW=k: CTAs per SM and
+// keys per warp tile of the fp8 D = 64 kernel (the others follow
+// PAGEDMHA_DECODE_SM90_CTAS and PAGEDMHA_DECODE_SM90_KW).
 #ifndef PAGEDMHA_DECODE_SM90_ORDER
 #define PAGEDMHA_DECODE_SM90_ORDER 1
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_FP8_CTAS
 #define PAGEDMHA_DECODE_SM90_FP8_CTAS 2
+#endif
+#ifndef PAGEDMHA_DECODE_SM90_FP8_KW
+#define PAGEDMHA_DECODE_SM90_FP8_KW 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -101,8 +105,8 @@ struct DecodePolicy {
   // barrier wait, row maxima and rescale test); 16 for 256-byte rows (16-bit D = 128)
   // with eight warps or two CTAs per SM, where 32 would leave room for one 64 KB stage
   // only. fp8 D = 128 rows are 128 bytes: 32 keys in the stages 16-bit rows take 16.
-  static constexpr int KW = PAGEDMHA_DECODE_SM90_KW > 0 ? PAGEDMHA_DECODE_SM90_KW
-                            : (kRowBytes > 128 && (kWarps > 4 || kCtasPerSm > 1) ? 16 : 32);
+  static constexpr int kKwKnob = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_KW : PAGEDMHA_DECODE_SM90_KW;
+  static constexpr int KW = kKwKnob > 0 ? kKwKnob : (kRowBytes > 128 && (kWarps > 4 || kCtasPerSm > 1) ? 16 : 32);
   // TMA boxes of a row: 64-column panels of 128 bytes (16-bit), or the whole fp8 row
   // (128-byte swizzle at D = 128, 64-byte swizzle at D = 64: paged_kv.cuh kv_tensor_maps).
   static constexpr int kPanels = kFp8 ? 1 : D / 64;
