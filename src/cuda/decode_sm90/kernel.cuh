@@ -254,22 +254,18 @@ struct DecodeWarp {
         static_cast<const T*>(a.q) + (r0.valid ? r0.qrow * a.q_row_stride + int64_t{r0.head} * a.q_head_stride : 0));
     const uint32_t* q1 = reinterpret_cast<const uint32_t*>(
         static_cast<const T*>(a.q) + (r1.valid ? r1.qrow * a.q_row_stride + int64_t{r1.head} * a.q_head_stride : 0));
+    // Pairs of k 2t, 2t + 1 and 2t + 8, 2t + 9: dims 2t and 2t + 8 (m16n8k16), or 4t and
+    // 4t + 2 in qk_fp8's order.
+    const int lo = Pol::kFp8 ? 2 * t4 : t4, hi = Pol::kFp8 ? 2 * t4 + 1 : 4 + t4;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      if constexpr (Pol::kFp8) {
-        qa[kk][0] = r0.valid ? __ldg(q0 + kk * 8 + 2 * t4) : 0u;
-        qa[kk][1] = r1.valid ? __ldg(q1 + kk * 8 + 2 * t4) : 0u;
-        qa[kk][2] = r0.valid ? __ldg(q0 + kk * 8 + 2 * t4 + 1) : 0u;
-        qa[kk][3] = r1.valid ? __ldg(q1 + kk * 8 + 2 * t4 + 1) : 0u;
-        if constexpr (!std::is_same<QkT, T>::value) {
+      qa[kk][0] = r0.valid ? __ldg(q0 + kk * 8 + lo) : 0u;
+      qa[kk][1] = r1.valid ? __ldg(q1 + kk * 8 + lo) : 0u;
+      qa[kk][2] = r0.valid ? __ldg(q0 + kk * 8 + hi) : 0u;
+      qa[kk][3] = r1.valid ? __ldg(q1 + kk * 8 + hi) : 0u;
+      if constexpr (!std::is_same<QkT, T>::value) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) qa[kk][e] = bf16x2_to_half_sat(qa[kk][e]);
-        }
-      } else {
-        qa[kk][0] = r0.valid ? __ldg(q0 + kk * 8 + t4) : 0u;
-        qa[kk][1] = r1.valid ? __ldg(q1 + kk * 8 + t4) : 0u;
-        qa[kk][2] = r0.valid ? __ldg(q0 + kk * 8 + 4 + t4) : 0u;
-        qa[kk][3] = r1.valid ? __ldg(q1 + kk * 8 + 4 + t4) : 0u;
+        for (int e = 0; e < 4; ++e) qa[kk][e] = bf16x2_to_half_sat(qa[kk][e]);
       }
     }
   }

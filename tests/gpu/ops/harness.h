@@ -240,6 +240,26 @@ inline void check_split_counts(AttnCase c, std::initializer_list<int> splits) {
   }
 }
 
+/// docs/semantics.md section 2: a bf16 query beside an fp8 cache, every entry 0 or
+/// +-2^17, on the GPU against the oracle. Where the kernel runs S = Q K^T in fp16
+/// (`saturates`) such entries become +-65504, which scales q by exactly 65504 / 2^17: the
+/// oracle with sm_scale times that factor is the saturated answer; else the exact one.
+/// The two differ far beyond the fp8 tolerance (logits about half), so the check also
+/// shows which kind of kernel ran. `c` sets the geometry; dtypes and sm_scale are set here.
+inline void check_queries_past_fp16_range(AttnCase c, bool saturates) {
+  c.q_dtype = DType::bf16, c.kv_dtype = DType::fp8_e4m3;
+  c.sm_scale = std::ldexp(0.25, -17);
+  c.name = describe(c) + (saturates ? " (q saturated at 65504)" : " (q exact)");
+  AttnProblem p = build(c);
+  std::mt19937_64 rng(c.seed);
+  fill_q(p, c.Hq, c.D, [&] { return rng() % 2 ? 0.0 : (rng() % 2 ? 131072.0 : -131072.0); });
+  AttnProblem expect = p;
+  if (saturates) expect.c.sm_scale *= 65504.0 / 131072.0;
+  const Reference ref = expect.reference(/*from_cache=*/true);
+  if (!run_gpu_or_fail(p, c.name)) return;
+  EXPECT_TRUE(check_attention(p, ref)) << c.name;
+}
+
 /// Logits that overflow fp32 (docs/semantics.md section 8.1): q = 1, keys of slot s are
 /// 1 (logit 64 * 1e37 -> +inf), -1 (-inf) or 0 by s % 3, V = s % 7 (all exact in a bf16
 /// or an fp8 `kv` cache). The GPU must give no NaN and match the CPU path, which

@@ -108,11 +108,10 @@ TEST(GpuDecode, DoublingVScaleDoublesOutput) {
 
 // docs/semantics.md section 2: with fp8 KV the Hopper decode, like the Hopper prefill,
 // computes S = Q K^T in fp16 (decode_sm90/policy.h kQkF16), so bf16 query entries beyond
-// 65504 saturate there; the portable decode keeps them. Entries are 0 or +-2^17:
-// saturation scales q by exactly 65504 / 2^17, which the oracle takes as sm_scale. The
-// two answers differ far beyond the fp8 tolerance, so each case also shows which decode
-// ran: every layout and page size here must reach the Hopper decode where the library
-// says its build and the device use it (decode_fp8_qk_in_fp16), else the case fails.
+// 65504 saturate there; the portable decode keeps them (check_queries_past_fp16_range).
+// The answer also shows which decode ran: every layout and page size here must reach the
+// Hopper decode where the library says its build and the device use it
+// (decode_fp8_qk_in_fp16), else the case fails.
 TEST(GpuDecode, Fp8KvQueriesPastFp16RangeSaturateOnHopper) {
   REQUIRE_GPU();
   const CacheLayout kLayouts[] = {CacheLayout::nhd4, CacheLayout::hnd4, CacheLayout::interleaved};
@@ -125,19 +124,9 @@ TEST(GpuDecode, Fp8KvQueriesPastFp16RangeSaturateOnHopper) {
         c.Hq = 4, c.Hkv = 1, c.D = D;
         c.layout = layout;
         c.page_size = P;
-        c.q_dtype = DType::bf16, c.kv_dtype = DType::fp8_e4m3;
         c.kv_lens = {300, 200, 4100};
-        c.sm_scale = std::ldexp(0.25, -17);
         c.seed = 2700 + i++;
-        c.name = describe(c) + (saturates ? " (sm90: q saturated at 65504)" : " (portable: q exact)");
-        AttnProblem p = build(c);
-        std::mt19937_64 rng(c.seed);
-        fill_q(p, c.Hq, c.D, [&] { return rng() % 2 ? 0.0 : (rng() % 2 ? 131072.0 : -131072.0); });
-        AttnProblem expect = p;
-        if (saturates) expect.c.sm_scale *= 65504.0 / 131072.0;
-        const Reference ref = expect.reference(/*from_cache=*/true);
-        if (!run_gpu_or_fail(p, c.name)) continue;
-        EXPECT_TRUE(check_attention(p, ref)) << c.name;
+        check_queries_past_fp16_range(c, saturates);
       }
     }
   }
