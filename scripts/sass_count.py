@@ -39,8 +39,9 @@ Per kernel: the template instance read from the demangled AttentionTraits<D, T, 
 MT, KW, ...> (c++filt), keys per tile BN = KW * (4 / WM) with KW's default as in
 attention_mainloop.cuh, the loop's count, the count per phase, and instructions per key:
 each warp runs the loop body once per tile for its KW keys, so count / KW per warp. For
-decode_sm90_kernel<D, T> KW (and BN, a warp's tile) comes from SM90_KW below (the
-defaults of decode_sm90/policy.h) and WM is reported as 1 (16 rows).
+decode_sm90_kernel<D, T, KV, rows> KW (and BN, a warp's tile) comes from SM90_KW below
+(the defaults of decode_sm90/policy.h), WM is reported as 1 and the row tile (16, or 8
+for the operand-swapped tile) as rows.
 
   python3 scripts/sass_count.py build/cuda/src/CMakeFiles/pagedmha.dir/cuda/decode/*.o --json counts.json
 
@@ -153,14 +154,15 @@ SM90_KW = {64: 32, 128: 16}  # decode_sm90/policy.h defaults for 16-bit caches; 
 def traits(demangled):
     """The instance of AttentionTraits<D, T, KV, WM, MT = 1, KW = 0, ...> in a demangled
     kernel name, with KW's default resolved and BN = KW * (4 / WM), or of
-    decode_sm90_kernel<D, T, KV> (KW from SM90_KW, BN = KW: one warp's tile); None if absent."""
+    decode_sm90_kernel<D, T, KV, rows> (KW from SM90_KW, BN = KW: one warp's tile); None if absent."""
     t = lambda s: _TYPES.get(s.split("::")[-1], s.split("::")[-1])
-    m = re.search(r"decode_sm90_kernel<(\d+), ([\w:]+)(?:, ([\w:]+))?>", demangled)
+    m = re.search(r"decode_sm90_kernel<(\d+), ([\w:]+)(?:, ([\w:]+))?(?:, (\d+))?>", demangled)
     if m:
         d = int(m.group(1))
         kv = t(m.group(3) or m.group(2))
         kw = 32 if kv == "fp8" else SM90_KW.get(d, 32)
-        return {"D": d, "T": t(m.group(2)), "KV": kv, "WM": 1, "MT": 1, "KW": kw, "BN": kw}
+        rows = int(m.group(4) or 16)
+        return {"D": d, "T": t(m.group(2)), "KV": kv, "WM": 1, "MT": 1, "KW": kw, "BN": kw, "rows": rows}
     m = re.search(r"AttentionTraits<(\d+), ([\w:]+), ([\w:]+), (\d+)((?:, \w+)*)>", demangled)
     if not m:
         return None
@@ -179,6 +181,7 @@ def short(demangled, tr):
         return demangled[:40]
     kind = re.search(r"(\w+)_kernel<", demangled)
     mt = f" MT={tr['MT']}" if tr["MT"] != 1 else ""
+    mt += f" rows={tr['rows']}" if "rows" in tr else ""
     return f"{kind.group(1) if kind else 'kernel'} D={tr['D']} {tr['T']}/{tr['KV']} WM={tr['WM']}{mt}"
 
 

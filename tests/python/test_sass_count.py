@@ -169,8 +169,12 @@ def test_traits_and_keys_per_tile():
     # The Hopper decode: one warp's tile, KW from decode_sm90/policy.h's defaults.
     t = SC.traits("void pagedmha::cuda::sm90::decode_sm90_kernel<128, __nv_bfloat16>(pagedmha::cuda::sm90::"
                   "DecodeSm90Params)")
-    assert t == {"D": 128, "T": "bf16", "KV": "bf16", "WM": 1, "MT": 1, "KW": 16, "BN": 16}
+    assert t == {"D": 128, "T": "bf16", "KV": "bf16", "WM": 1, "MT": 1, "KW": 16, "BN": 16, "rows": 16}
     assert SC.traits("decode_sm90_kernel<64, __half>")["KW"] == 32
+    # The row tile: 16 rows, or 8 (operand-swapped).
+    t = SC.traits("decode_sm90_kernel<64, __nv_bfloat16, __nv_fp8_e4m3, 8>")
+    assert (t["KV"], t["KW"], t["rows"]) == ("fp8", 32, 8)
+    assert SC.traits("decode_sm90_kernel<128, __half, __half, 16>")["rows"] == 16
 
 
 def test_per_key_normalisation():

@@ -36,6 +36,41 @@ __device__ __forceinline__ void q_fragment_fp8_order(uint32_t (&qa)[4], uint32_t
   lds64(qa[1], qa[3], q_base + swizzle<kChunks>(r + 8, c) + off);
 }
 
+/// K fragments of the 16 keys from `key` (a multiple of 16) of a raw fp8 K tile at k_base,
+/// fp8 chunks kk and kk + 1 (dims 16 kk .. 16 kk + 31) converted to T: b[j][n] is the
+/// B fragment (k: chunk kk + j's dims in the permuted order above; n: keys key + 8 n ..
+/// + 7). Stacked, b[j][0] and b[j][1] are also the A fragment of those 16 keys as rows
+/// (operand-swapped S^T = K Q^T): {b[j][0][0], b[j][1][0], b[j][0][1], b[j][1][1]}.
+template <class T, int kRaw>
+__device__ __forceinline__ void k_fragments_fp8(uint32_t (&b)[2][2][2], uint32_t k_base, int key, int kk, int lane) {
+  // Matrices: keys 0-7 / 8-15 of the 16-key block, fp8 chunks kk / kk + 1.
+  uint32_t kw[4];
+  ldmatrix_x4(kw, k_base + swizzle_rows<kRaw>(key + (lane & 7) + (((lane >> 3) & 1) << 3), kk + (lane >> 4)));
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    fp8x4_to<T>(kw[2 * j], b[j][0][0], b[j][0][1]);
+    fp8x4_to<T>(kw[2 * j + 1], b[j][1][0], b[j][1][1]);
+  }
+}
+
+/// V fragments of the 16 keys from `key` (a k16 step of P V) of a raw fp8 V tile at
+/// v_base, fp8 chunks c and c + 1, in fp16: even[j] / odd[j] are the B fragments (k: the
+/// 16 keys; n = g: dim 16 (c + j) + 2g, or + 1). Stacked they are also the A fragment of
+/// V^T with rows g -> dim 2g and g + 8 -> dim 2g + 1 (operand-swapped O^T = V^T P^T):
+/// {even[j][0], odd[j][0], even[j][1], odd[j][1]}.
+template <int kRaw>
+__device__ __forceinline__ void v_fragments_fp8(uint32_t (&even)[2][2], uint32_t (&odd)[2][2], uint32_t v_base,
+                                                int key, int c, int lane) {
+  // Matrices: keys 0-7 / 8-15 of the k16 step, fp8 chunks c / c + 1.
+  uint32_t vw[4];
+  ldmatrix_x4_trans(vw, v_base + swizzle_rows<kRaw>(key + (lane & 7) + (((lane >> 3) & 1) << 3), c + (lane >> 4)));
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    fp8x4_deinterleave_to_half(vw[2 * j], even[j][0], odd[j][0]);      // keys 2t, 2t + 1
+    fp8x4_deinterleave_to_half(vw[2 * j + 1], even[j][1], odd[j][1]);  // keys 2t + 8, 2t + 9
+  }
+}
+
 /// s[mt] += Q K^T over the warp's KW keys (from key wn KW) of a raw fp8 K tile at k_base.
 /// q_frag(chunk, mt, qa) gives Q's A fragment of row tile mt for dims 16 chunk .. + 15 in
 /// the permuted order above (q_fragment_fp8_order, or registers loaded in that order).
@@ -55,19 +90,14 @@ __device__ __forceinline__ void qk_fp8(float (&s)[Tr::MT][Tr::KW / 8][4], QFrag 
     }
 #pragma unroll
     for (int np = 0; np < KW / 16; ++np) {
-      // Matrices: keys 0-7 / 8-15 of the 16-key block, fp8 chunks kk / kk + 1.
-      uint32_t kw[4];
-      const int key = wn * KW + np * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-      ldmatrix_x4(kw, k_base + swizzle_rows<kRaw>(key, kk + (lane >> 4)));
+      uint32_t b[2][2][2];
+      k_fragments_fp8<T, kRaw>(b, k_base, wn * KW + np * 16, kk, lane);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        uint32_t b0[2], b1[2];
-        fp8x4_to<T>(kw[2 * j], b0[0], b0[1]);
-        fp8x4_to<T>(kw[2 * j + 1], b1[0], b1[1]);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(s[mt][2 * np], qa[j][mt], b0[0], b0[1]);
-          mma_16816<T>(s[mt][2 * np + 1], qa[j][mt], b1[0], b1[1]);
+          mma_16816<T>(s[mt][2 * np], qa[j][mt], b[j][0][0], b[j][0][1]);
+          mma_16816<T>(s[mt][2 * np + 1], qa[j][mt], b[j][1][0], b[j][1][1]);
         }
       }
     }
@@ -90,21 +120,16 @@ __device__ __forceinline__ void pv_fp8(float (&acc)[Tr::MT][Tr::D / 8][4], const
       pa[mt][2] = pack2<__half>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
       pa[mt][3] = pack2<__half>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
     }
-    const int key = wn * KW + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
     for (int c = 0; c < kRaw; c += 2) {
-      // Matrices: keys 0-7 / 8-15 of the k16 step, fp8 chunks c / c + 1.
-      uint32_t vw[4];
-      ldmatrix_x4_trans(vw, v_base + swizzle_rows<kRaw>(key, c + (lane >> 4)));
+      uint32_t even[2][2], odd[2][2];
+      v_fragments_fp8<kRaw>(even, odd, v_base, wn * KW + kk * 16, c, lane);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        uint32_t e0, o0, e1, o1;
-        fp8x4_deinterleave_to_half(vw[2 * j], e0, o0);      // keys 2t, 2t + 1
-        fp8x4_deinterleave_to_half(vw[2 * j + 1], e1, o1);  // keys 2t + 8, 2t + 9
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<__half>(acc[mt][2 * (c + j)], pa[mt], e0, e1);
-          mma_16816<__half>(acc[mt][2 * (c + j) + 1], pa[mt], o0, o1);
+          mma_16816<__half>(acc[mt][2 * (c + j)], pa[mt], even[j][0], even[j][1]);
+          mma_16816<__half>(acc[mt][2 * (c + j) + 1], pa[mt], odd[j][0], odd[j][1]);
         }
       }
     }

@@ -31,6 +31,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
+/// The 8x8 matrix of b16 pairs held as one register per lane (row lane / 4, cols
+/// 2 (lane % 4) .. + 1) transposed in registers (PTX movmatrix, sm_75+).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 /// 8-byte shared-memory load into two registers.
 __device__ __forceinline__ void lds64(uint32_t& x, uint32_t& y, uint32_t addr) {
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(x), "=r"(y) : "r"(addr));

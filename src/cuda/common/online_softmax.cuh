@@ -1,5 +1,6 @@
 // Online softmax state of the two rows a thread owns in an m16n8 accumulator (rows g and
-// g + 8 of its warp's 16), in log2 units. Masked logits are -inf; a row that has seen
+// g + 8 of its warp's 16, or rows 2t and 2t + 1 of an operand-swapped tile: RowsInN), in
+// log2 units. Masked logits are -inf; a row that has seen
 // no key keeps m = -inf and uses 0 as its reference so that no -inf - -inf arises.
 //
 // The reference m is the running maximum rounded UP to an integer: every rescale
@@ -30,7 +31,43 @@ __device__ __forceinline__ float fast_exp2_ftz(float x) {
   return y;
 }
 
-struct SoftmaxRows {
+/// Where a thread's two rows lie in an m16n8 accumulator fragment (4 floats; lane = 4 g + t).
+/// RowsInM: the rows are the mma's M, rows g and g + 8 (row h: elements 2h, 2h + 1), a
+/// row's columns over the 4 lanes of a quad. RowsInN: the rows are its N, as in an
+/// operand-swapped S^T = K Q^T: rows 2t and 2t + 1 (row h: elements h, h + 2), a row's
+/// columns (the keys) over the 8 lanes with the same t.
+struct RowsInM {
+  __device__ static constexpr int elem(int h, int j) { return 2 * h + j; }
+  __device__ static constexpr int row_of(int e) { return e >> 1; }
+  /// Max / sum over the lanes that share the thread's rows.
+  __device__ __forceinline__ static float max_across(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  }
+  __device__ __forceinline__ static float sum_across(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+  }
+};
+
+struct RowsInN {
+  __device__ static constexpr int elem(int h, int j) { return h + 2 * j; }
+  __device__ static constexpr int row_of(int e) { return e & 1; }
+  __device__ __forceinline__ static float max_across(float x) {
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+  }
+  __device__ __forceinline__ static float sum_across(float x) {
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+  }
+};
+
+/// The softmax state of a thread's two rows, for fragments laid out as Frag says.
+template <class Frag>
+struct OnlineSoftmax {
   float m[2];  // reference: running max rounded up to an integer (-inf before any key)
   float l[2];  // running sum of exp2(s - m), partial over the thread's columns until finish()
 
@@ -65,10 +102,11 @@ struct SoftmaxRows {
       // exponential of the tile, and one chain of NS dependent FMNMX is its latency.
       float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-      for (int i = 0; i < NS; ++i) part[i % 4] = fmaxf(part[i % 4], fmaxf(s[i][2 * h], s[i][2 * h + 1]));
+      for (int i = 0; i < NS; ++i) {
+        part[i % 4] = fmaxf(part[i % 4], fmaxf(s[i][Frag::elem(h, 0)], s[i][Frag::elem(h, 1)]));
+      }
       float mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = Frag::max_across(mx);
       mx = fmaxf(m[h], mx * scale);  // scale > 0: max commutes with it
       // A logit overflowing to +inf counts as FLT_MAX (docs/semantics.md section 8.1): the reference stays
       // finite and the clamp below gives such keys exp2(0) = 1 instead of inf - inf.
@@ -87,16 +125,16 @@ struct SoftmaxRows {
         // product: 2^13 at 2^37) would flush it to 0 as easily as overflow it.
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
-          s[i][2 * h] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][2 * h], scale), ref[h]), 0.0f));
-          s[i][2 * h + 1] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][2 * h + 1], scale), ref[h]), 0.0f));
-          sum += s[i][2 * h] + s[i][2 * h + 1];
+          s[i][Frag::elem(h, 0)] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][Frag::elem(h, 0)], scale), ref[h]), 0.0f));
+          s[i][Frag::elem(h, 1)] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][Frag::elem(h, 1)], scale), ref[h]), 0.0f));
+          sum += s[i][Frag::elem(h, 0)] + s[i][Frag::elem(h, 1)];
         }
       } else {
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
-          s[i][2 * h] = ex2(fmaf(s[i][2 * h], scale, -ref[h]));
-          s[i][2 * h + 1] = ex2(fmaf(s[i][2 * h + 1], scale, -ref[h]));
-          sum += s[i][2 * h] + s[i][2 * h + 1];
+          s[i][Frag::elem(h, 0)] = ex2(fmaf(s[i][Frag::elem(h, 0)], scale, -ref[h]));
+          s[i][Frag::elem(h, 1)] = ex2(fmaf(s[i][Frag::elem(h, 1)], scale, -ref[h]));
+          sum += s[i][Frag::elem(h, 0)] + s[i][Frag::elem(h, 1)];
         }
       }
       l[h] = l[h] * alpha[h] + sum;
@@ -130,12 +168,13 @@ struct SoftmaxRows {
 #pragma unroll
       for (int c = 0; c < C; ++c) part[c] = -INFINITY;
 #pragma unroll
-      for (int i = 0; i < NS; ++i) part[i % C] = fmaxf(part[i % C], fmaxf(s[i][2 * h], s[i][2 * h + 1]));
+      for (int i = 0; i < NS; ++i) {
+        part[i % C] = fmaxf(part[i % C], fmaxf(s[i][Frag::elem(h, 0)], s[i][Frag::elem(h, 1)]));
+      }
       float x = part[0];
 #pragma unroll
       for (int c = 1; c < C; ++c) x = fmaxf(x, part[c]);
-      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+      x = Frag::max_across(x);
       mx[h] = fmaxf(m[h], x * scale);
       ref[h] = mx[h] == -INFINITY ? 0.0f : fminf(ceilf(mx[h]), FLT_MAX);
       ok = ok && fabsf(ref[h] - spec[h]) <= 64.0f && fabsf(ref[h]) < kExactRef;
@@ -147,9 +186,9 @@ struct SoftmaxRows {
     for (int i = 0; i < NS; ++i) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        s[i][2 * h] = ex2(fmaf(s[i][2 * h], scale, -spec[h]));
-        s[i][2 * h + 1] = ex2(fmaf(s[i][2 * h + 1], scale, -spec[h]));
-        sum[h] += s[i][2 * h] + s[i][2 * h + 1];
+        s[i][Frag::elem(h, 0)] = ex2(fmaf(s[i][Frag::elem(h, 0)], scale, -spec[h]));
+        s[i][Frag::elem(h, 1)] = ex2(fmaf(s[i][Frag::elem(h, 1)], scale, -spec[h]));
+        sum[h] += s[i][Frag::elem(h, 0)] + s[i][Frag::elem(h, 1)];
       }
     }
     // Pinned before the branch: the compiler would otherwise sink the exponentials into
@@ -173,8 +212,8 @@ struct SoftmaxRows {
         sum[h] *= fix[h];
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
-          s[i][2 * h] *= fix[h];
-          s[i][2 * h + 1] *= fix[h];
+          s[i][Frag::elem(h, 0)] *= fix[h];
+          s[i][Frag::elem(h, 1)] *= fix[h];
         }
       }
     }
@@ -191,7 +230,7 @@ struct SoftmaxRows {
 #pragma unroll
       for (int i = 0; i < ND; ++i) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][e] *= alpha[e >> 1];
+        for (int e = 0; e < 4; ++e) acc[i][e] *= alpha[Frag::row_of(e)];
       }
     }
   }
@@ -204,15 +243,16 @@ struct SoftmaxRows {
     rescale(acc, alpha);
   }
 
-  /// Completes the row sums across the 4 threads that share a row.
+  /// Completes the row sums across the threads that share a row.
   __device__ __forceinline__ void finish() {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+      l[h] = Frag::sum_across(l[h]);
     }
   }
 };
+
+using SoftmaxRows = OnlineSoftmax<RowsInM>;
 
 /// Sets to -inf the logits of m16n8 fragments outside their rows' visible keys: s[i][e]
 /// is key key0 + 8 i + 2 t4 + (e & 1) of the thread's row e >> 1 (g or g + 8), which sees

@@ -1,6 +1,7 @@
 // The Hopper decode kernel (sm_90a): split-KV decode and speculative verify with the G x
-// q_len query rows of a KV head packed into one m16 tile (mma.sync), K / V streamed by
-// TMA. Structure (policy.h):
+// q_len query rows of a KV head packed into one mma.sync tile (row_tile.cuh: 16 rows as
+// the mma's M, or up to 8 as its N, operand-swapped), K / V streamed by TMA. Structure
+// (policy.h):
 //   * persistent grid, kCtasPerSm CTAs per SM, walking the work items (request, split,
 //     KV head: policy.h kHeadsFastest) blockIdx.x, + gridDim.x, ...; the split of each
 //     request is decode/policy.h's (its own length only: results are bitwise the same in
@@ -9,10 +10,10 @@
 //     TMA box per page and 64-column panel, or per page and fp8 row, issued by its
 //     lanes in parallel; a full and
 //     an empty mbarrier per stage) and runs on into the CTA's next item without draining;
-//   * consumer warp w reads keys [w KW, w KW + KW) of every stage: Q in registers (A
-//     fragments), S = Q K^T and O += P V by m16n8k16 from the swizzled stages, the online
-//     softmax of online_softmax.cuh, the variant of device_variant.cuh; fp8 caches stay
-//     raw in the ring and are converted in registers (common/fp8_fragments.cuh);
+//   * consumer warp w reads keys [w KW, w KW + KW) of every stage: Q in registers, S and
+//     O by m16n8k16 from the swizzled stages (row_tile.cuh), the online softmax of
+//     online_softmax.cuh, the variant of device_variant.cuh; fp8 caches stay raw in the
+//     ring and are converted in registers (common/fp8_fragments.cuh);
 //   * the item's epilogue merges the warps' (m, l, O) in a fixed order and writes o and
 //     lse (one split) or the partials that decode_merge_kernel combines.
 #pragma once
@@ -30,6 +31,7 @@
 #include "cuda/common/online_softmax.cuh"
 #include "cuda/decode/decode_kernel.cuh"
 #include "cuda/decode_sm90/policy.h"
+#include "cuda/decode_sm90/row_tile.cuh"
 #include "cuda/hopper/device_variant.cuh"
 #include "cuda/hopper/paged_kv.cuh"
 #include "cuda/hopper/sm90.cuh"
@@ -157,27 +159,12 @@ __device__ __forceinline__ WarpItem warp_item(const AttentionArgs& a, int b, int
   return it;
 }
 
-/// Byte offset of 16-byte chunk c of row r in a stage's K or V tile.
-template <class Pol>
-__device__ __forceinline__ uint32_t ring_offset(int r, int c) {
-  if constexpr (Pol::kFp8) {
-    return swizzle_rows<Pol::kChunks>(r, c);
-  } else {
-    return tile_offset(Pol::kTileKeys, r, c);
-  }
-}
-
 template <class Pol, class T>
 struct DecodeWarp {
   static constexpr int D = Pol::kHeadDim, KW = Pol::KW, S = Pol::kStages, W = Pol::kWarps, R = Pol::kRows;
   static constexpr int TK = Pol::kTileKeys;  // rows of a stage
-  // The fp8 fragments' view of the warp's tile (fp8_fragments.cuh): one m16 row tile,
-  // S = Q K^T in fp16 (policy.h kQkF16) or in T.
-  using QkT = std::conditional_t<Pol::kQkF16, __half, T>;
-  struct Fp8Tile {
-    using QkT = DecodeWarp::QkT;
-    static constexpr int D = Pol::kHeadDim, KW = Pol::KW, MT = 1;
-  };
+  using Tile = std::conditional_t<Pol::kRows == 8, RowTileN<Pol, T>, RowTileM<Pol, T>>;
+  static constexpr int NS = Tile::NS, NA = Tile::NA;
   const DecodeSm90Params& p;
   const DecodeSmem<Pol> sm;
   int warp, lane;
@@ -189,28 +176,27 @@ struct DecodeWarp {
     PipeState<S> st;
     RequestScan scan;
     scan.load(a, 0);
-    const int g = lane >> 2, t4 = lane & 3;
     for (int item = blockIdx.x;; item += gridDim.x) {
       int b, local, cnt, L;
       if (!scan.locate(a, item, b, local, cnt, L)) break;
       const WarpItem it = warp_item<Pol>(a, b, local, cnt, L);
       const DecodeRows rows{a, b, it.kv_head, 0, L};
-      float acc[D / 8][4];
+      float acc[NA][4];
 #pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
+      for (int i = 0; i < NA; ++i) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
       }
-      SoftmaxRows smx;
+      OnlineSoftmax<typename Tile::Frag> smx;
       smx.init();
       if (it.t0 < it.t1) {
-        uint32_t qa[D / 16][4];
-        load_q(rows, qa);
+        uint32_t q[D / 16][Tile::NQ];
+        Tile::load_q(a, rows, lane, q);
         int lo[2], hi[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          lo[h] = __shfl_sync(0xffffffffu, it.row_lo, g + 8 * h);
-          hi[h] = __shfl_sync(0xffffffffu, it.row_hi, g + 8 * h);
+          lo[h] = __shfl_sync(0xffffffffu, it.row_lo, Tile::row(h, lane));
+          hi[h] = __shfl_sync(0xffffffffu, it.row_hi, Tile::row(h, lane));
         }
         for (int tile = it.t0; tile < it.t1; ++tile) {
           wait(sm.full(st.slot), st.phase);
@@ -220,14 +206,14 @@ struct DecodeWarp {
           // probability: zero them, as the portable loader zero-fills (K's are masked).
           const bool edge = key0 < it.lo || key0 + KW > it.hi;
           if (edge) zero_rows_outside(sm.v(st.slot), min(max(it.lo - key0, 0), KW), min(max(it.hi - key0, 0), KW));
-          float s[KW / 8][4];
-          qk(qa, smem_addr(sm.k(st.slot)), s);
+          float s[NS][4];
+          Tile::qk(q, smem_addr(sm.k(st.slot)), warp, lane, s);
           var.template transform<false>(s);
-          if (!(key0 >= it.full_lo && key0 + KW <= it.full_hi)) mask_keys(s, key0, t4, lo, hi);
+          if (!(key0 >= it.full_lo && key0 + KW <= it.full_hi)) Tile::mask(s, key0, lane, lo, hi);
           // ftz: split results are compared within an ulp, not bitwise, across split
           // counts, and a request's splits never depend on the batch (decode/policy.h).
-          smx.template update<KW / 8, D / 8, true>(s, acc);
-          pv(s, smem_addr(sm.v(st.slot)), acc);
+          smx.template update<NS, NA, true>(s, acc);
+          Tile::pv(s, smem_addr(sm.v(st.slot)), warp, lane, acc);
           if (edge) fence_async_smem();  // the zeroing (generic proxy) before the producer's next TMA write
           __syncwarp();                  // every lane's reads of the stage are done before it is released
           if (lane == 0) arrive(sm.empty(st.slot));
@@ -243,33 +229,6 @@ struct DecodeWarp {
     }
   }
 
-  /// Q of rows g and g + 8 as m16n8k16 A fragments of QkT (zero for padding rows); for
-  /// fp8 caches in qk_fp8's dim order (dims 16 kk + 4t .. + 3 as k 2t, 2t + 1, 2t + 8,
-  /// 2t + 9), a bf16 query rounded to fp16 where S is computed in fp16.
-  __device__ void load_q(const DecodeRows& rows, uint32_t (&qa)[D / 16][4]) const {
-    const AttentionArgs& a = p.a;
-    const int g = lane >> 2, t4 = lane & 3;
-    const RowDesc r0 = rows(g), r1 = rows(g + 8);
-    const uint32_t* q0 = reinterpret_cast<const uint32_t*>(
-        static_cast<const T*>(a.q) + (r0.valid ? r0.qrow * a.q_row_stride + int64_t{r0.head} * a.q_head_stride : 0));
-    const uint32_t* q1 = reinterpret_cast<const uint32_t*>(
-        static_cast<const T*>(a.q) + (r1.valid ? r1.qrow * a.q_row_stride + int64_t{r1.head} * a.q_head_stride : 0));
-    // Pairs of k 2t, 2t + 1 and 2t + 8, 2t + 9: dims 2t and 2t + 8 (m16n8k16), or 4t and
-    // 4t + 2 in qk_fp8's order.
-    const int lo = Pol::kFp8 ? 2 * t4 : t4, hi = Pol::kFp8 ? 2 * t4 + 1 : 4 + t4;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      qa[kk][0] = r0.valid ? __ldg(q0 + kk * 8 + lo) : 0u;
-      qa[kk][1] = r1.valid ? __ldg(q1 + kk * 8 + lo) : 0u;
-      qa[kk][2] = r0.valid ? __ldg(q0 + kk * 8 + hi) : 0u;
-      qa[kk][3] = r1.valid ? __ldg(q1 + kk * 8 + hi) : 0u;
-      if constexpr (!std::is_same<QkT, T>::value) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) qa[kk][e] = bf16x2_to_half_sat(qa[kk][e]);
-      }
-    }
-  }
-
   /// The rows of the warp's V tile (rows row0 .. row0 + KW of the stage) outside
   /// [row0 + r0, row0 + r1) set to zero.
   __device__ void zero_rows_outside(char* v, int r0, int r1) const {
@@ -281,75 +240,6 @@ struct DecodeWarp {
     __syncwarp();
   }
 
-  /// S = Q K^T over the warp tile's KW keys.
-  __device__ void qk(const uint32_t (&qa)[D / 16][4], uint32_t k_base, float (&s)[KW / 8][4]) const {
-#pragma unroll
-    for (int i = 0; i < KW / 8; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[i][e] = 0.0f;
-    }
-    if constexpr (Pol::kFp8) {
-      const auto q_frag = [&](int chunk, int, uint32_t(&f)[4]) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) f[e] = qa[chunk][e];
-      };
-      qk_fp8<Fp8Tile>(reinterpret_cast<float(&)[1][KW / 8][4]>(s), q_frag, k_base, warp, lane);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-        for (int np = 0; np < KW / 16; ++np) {
-          uint32_t kb[4];
-          const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(kb, k_base + tile_offset(TK, row0 + key, 2 * kk + ((lane >> 3) & 1)));
-          mma_16816<T>(s[2 * np], qa[kk], kb[0], kb[1]);
-          mma_16816<T>(s[2 * np + 1], qa[kk], kb[2], kb[3]);
-        }
-      }
-    }
-  }
-
-  /// O += P V with P the tile's probabilities (fp8: accumulators in pv_fp8's even / odd
-  /// dim layout, which acc_pair reads).
-  __device__ void pv(const float (&s)[KW / 8][4], uint32_t v_base, float (&acc)[D / 8][4]) const {
-    if constexpr (Pol::kFp8) {
-      pv_fp8<Fp8Tile>(reinterpret_cast<float(&)[1][D / 8][4]>(acc),
-                      reinterpret_cast<const float(&)[1][KW / 8][4]>(s), v_base, warp, lane);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < KW / 16; ++kk) {
-        uint32_t pa[4];
-        pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-        pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-        pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        const int key = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t vb[4];
-          ldmatrix_x4_trans(vb, v_base + tile_offset(TK, row0 + key, 2 * dp + (lane >> 4)));
-          mma_16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
-          mma_16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
-        }
-      }
-    }
-  }
-
-  /// Pair i (of D / 8) of the dims this lane holds of row g (h = 0) or g + 8 (h = 1):
-  /// its values and first dim (pair_dim + lane_dim, kept apart so the stores keep their
-  /// constant offsets). In the m16n8 layout acc[i][2h], acc[i][2h + 1] at 8i + 2t;
-  /// in pv_fp8's even / odd layout (i = 2c + e) acc[2c][2h + e], acc[2c + 1][2h + e] at
-  /// 16c + 4t + 2e.
-  __device__ static float2 acc_pair(const float (&acc)[D / 8][4], int i, int h) {
-    if constexpr (Pol::kFp8) {
-      return make_float2(acc[i & ~1][2 * h + (i & 1)], acc[i | 1][2 * h + (i & 1)]);
-    } else {
-      return make_float2(acc[i][2 * h], acc[i][2 * h + 1]);
-    }
-  }
-  __device__ static int pair_dim(int i) { return Pol::kFp8 ? 16 * (i >> 1) + 2 * (i & 1) : 8 * i; }
-  __device__ static int lane_dim(int t4) { return Pol::kFp8 ? 4 * t4 : 2 * t4; }
-
   /// The consumer warps' barrier: named barrier 1, beside the ring's producer.
   __device__ static void consumers_sync() { named_sync(1, Pol::kConsumerThreads); }
 
@@ -357,13 +247,14 @@ struct DecodeWarp {
   /// rescaled to the row maximum; warps 0 and 1 write the two buffers, each further pair
   /// adds to them in turn, and o = (buffer 0 + buffer 1) * the row's scale from `out`.
   template <class Out>
-  __device__ void epilogue(const SoftmaxRows& smx, const float (&acc)[D / 8][4], const Out& out) const {
-    const int g = lane >> 2, t4 = lane & 3, tid = threadIdx.x;
-    if (t4 == 0) {
+  __device__ void epilogue(const OnlineSoftmax<typename Tile::Frag>& smx, const float (&acc)[NA][4],
+                           const Out& out) const {
+    const int tid = threadIdx.x;
+    if (Tile::holds_stats(lane)) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        sm.stat_m()[warp * R + g + 8 * h] = smx.m[h];
-        sm.stat_l()[warp * R + g + 8 * h] = smx.l[h];
+        sm.stat_m()[warp * R + Tile::row(h, lane)] = smx.m[h];
+        sm.stat_l()[warp * R + Tile::row(h, lane)] = smx.l[h];
       }
     }
     consumers_sync();
@@ -377,34 +268,14 @@ struct DecodeWarp {
     for (int h = 0; h < 2; ++h) {
       float m_all = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, sm.stat_m()[w * R + g + 8 * h]);
+      for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, sm.stat_m()[w * R + Tile::row(h, lane)]);
       f[h] = m_all == -INFINITY ? 0.0f : fast_exp2(smx.m[h] - m_all);
     }
     float* buf = sm.buf(warp & 1);
-    if (warp < 2) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          const float2 x = acc_pair(acc, i, h);
-          *reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + pair_dim(i) + lane_dim(t4)) =
-              make_float2(x.x * f[h], x.y * f[h]);
-        }
-      }
-    }
+    if (warp < 2) Tile::template to_buffer<false>(buf, acc, f, lane);
     for (int pair = 1; pair < W / 2; ++pair) {
       consumers_sync();
-      if ((warp >> 1) == pair) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int i = 0; i < D / 8; ++i) {
-            float2* x = reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + pair_dim(i) + lane_dim(t4));
-            const float2 y = *x, z = acc_pair(acc, i, h);
-            *x = make_float2(y.x + z.x * f[h], y.y + z.y * f[h]);
-          }
-        }
-      }
+      if ((warp >> 1) == pair) Tile::template to_buffer<true>(buf, acc, f, lane);
     }
     consumers_sync();
     for (int idx = tid; idx < R * (D / 8); idx += Pol::kConsumerThreads) {
@@ -481,12 +352,12 @@ struct DecodeRingProducer {
   }
 };
 
-template <int D, class T, class KV>
-__global__ void __launch_bounds__(DecodePolicy<D, sizeof(KV) == 1>::kThreads,
-                                  DecodePolicy<D, sizeof(KV) == 1>::kCtasPerSm)
+template <int D, class T, class KV, int kRows>
+__global__ void __launch_bounds__(DecodePolicy<D, sizeof(KV) == 1, kRows>::kThreads,
+                                  DecodePolicy<D, sizeof(KV) == 1, kRows>::kCtasPerSm)
     decode_sm90_kernel(const __grid_constant__ DecodeSm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Pol = DecodePolicy<D, sizeof(KV) == 1>;
+  using Pol = DecodePolicy<D, sizeof(KV) == 1, kRows>;
   extern __shared__ char smem_raw[];
   const DecodeSmem<Pol> sm(smem_raw);
   const int tid = threadIdx.x;

@@ -29,14 +29,14 @@ extern template void launch_decode_merge<128, __half>(const AttentionArgs&, int,
 
 namespace sm90 {
 
-/// Runs batch_decode on the Hopper kernel when the call fits it (a: the launcher's
-/// arguments, split policy set; KV: T or fp8_e4m3); false, with nothing launched, when it
-/// does not.
-template <int D, class T, class KV>
-bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& args, int sm_count, cudaStream_t stream) {
+/// Runs batch_decode on the Hopper kernel with kRows-row tiles (a: the launcher's
+/// arguments, split policy set; KV: T or fp8_e4m3); false, with nothing launched, when
+/// the cache's layout takes no TMA box.
+template <int D, class T, class KV, int kRows>
+bool run_decode_rows(const detail::AttentionProblem& prob, const AttentionArgs& args, int sm_count,
+                     cudaStream_t stream) {
   constexpr bool kFp8 = sizeof(KV) == 1;
-  using Pol = DecodePolicy<D, kFp8>;
-  if (!decode_sm90_rows_ok(args.group, args.q_len_per_req, args.q_fp8)) return false;
+  using Pol = DecodePolicy<D, kFp8, kRows>;
   DecodeSm90Params p{};
   if (!kv_tensor_maps<D, T, kFp8>(prob.kv, Pol::kTileKeys, p.tm_k, p.tm_v, p.geo, /*fp8_swizzled=*/true)) return false;
   p.a = args;
@@ -46,20 +46,30 @@ bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& args,
   // memory limit raised: a grid of more would run in two waves.
   static std::atomic<int> per_sm_cache[kMaxDevices];
   const int per_sm = once_per_device(per_sm_cache, prob.device.index, [] {
-    allow_dynamic_smem(decode_sm90_kernel<D, T, KV>, Pol::kSmemBytes);
+    allow_dynamic_smem(decode_sm90_kernel<D, T, KV, kRows>, Pol::kSmemBytes);
     int n = 0;
-    PAGEDMHA_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_sm90_kernel<D, T, KV>, Pol::kThreads, Pol::kSmemBytes));
+    PAGEDMHA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_sm90_kernel<D, T, KV, kRows>,
+                                                                      Pol::kThreads, Pol::kSmemBytes));
     return std::clamp(n, 1, Pol::kCtasPerSm);
   });
   const int max_count = p.a.forced_splits > 0 ? p.a.forced_splits : p.a.max_splits;
   const int64_t max_items = static_cast<int64_t>(p.a.batch) * p.a.num_kv_heads * max_count;
   const int grid = static_cast<int>(std::min<int64_t>(max_items, int64_t{sm_count} * per_sm));
   if (grid == 0) return true;  // no request
-  decode_sm90_kernel<D, T, KV><<<grid, Pol::kThreads, Pol::kSmemBytes, stream>>>(p);
+  decode_sm90_kernel<D, T, KV, kRows><<<grid, Pol::kThreads, Pol::kSmemBytes, stream>>>(p);
   PAGEDMHA_CUDA_CHECK_LAUNCH();
   if (max_count > 1) launch_decode_merge<D, T>(p.a, prob.device.index, stream);
   return true;
+}
+
+/// Runs batch_decode on the Hopper kernel when the call fits it, with the row tile of
+/// policy.h decode_sm90_row_tile; false, with nothing launched, when it does not.
+template <int D, class T, class KV>
+bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& args, int sm_count, cudaStream_t stream) {
+  if (!decode_sm90_rows_ok(args.group, args.q_len_per_req, args.q_fp8)) return false;
+  return decode_sm90_row_tile(args.group, args.q_len_per_req) == 8
+             ? run_decode_rows<D, T, KV, 8>(prob, args, sm_count, stream)
+             : run_decode_rows<D, T, KV, 16>(prob, args, sm_count, stream);
 }
 
 }  // namespace sm90

@@ -50,6 +50,11 @@
 #ifndef PAGEDMHA_DECODE_SM90_FP8_KW
 #define PAGEDMHA_DECODE_SM90_FP8_KW 0
 #endif
+// PAGEDMHA_DECODE_SM90_SWAP=0 runs calls of up to 8 rows (G q_len <= 8) on the 16-row
+// tiles too, instead of the operand-swapped 8-row tiles (kRows below).
+#ifndef PAGEDMHA_DECODE_SM90_SWAP
+#define PAGEDMHA_DECODE_SM90_SWAP 1
+#endif
 
 namespace pagedmha::cuda::sm90 {
 
@@ -59,7 +64,7 @@ namespace pagedmha::cuda::sm90 {
 /// mbarrier per stage) across item boundaries without draining: the loads of the next
 /// item run during this item's last tiles and epilogue (the portable decode refills and
 /// drains its pipeline per item: docs/perf-notes/decode.md, "What is in the way").
-template <int D, bool kFp8Kv = false>
+template <int D, bool kFp8Kv = false, int kRowTile = 16>
 struct DecodePolicy {
   static constexpr int kHeadDim = D;
   // fp8 e4m3 caches: the raw bytes go through the ring (half the bytes of a 16-bit stage)
@@ -98,9 +103,11 @@ struct DecodePolicy {
   static constexpr int kCtasPerSm = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_CTAS : PAGEDMHA_DECODE_SM90_CTAS;
   static constexpr int kConsumerThreads = 32 * kWarps;
   static constexpr int kThreads = kConsumerThreads + 32;  // and the producer warp
-  // The G * q_len query rows of a KV head in one m16 tile (mma.sync m16n8k16): decode
-  // rows are few (G = 4..8), so wgmma's 64-row minimum would waste 3/4 or more of it.
-  static constexpr int kRows = 16;
+  // The G * q_len query rows of a KV head in one mma.sync m16n8k16 tile (row_tile.cuh):
+  // decode rows are few (G = 4..8), so wgmma's 64-row minimum would waste 3/4 or more of
+  // it. 16 rows as the mma's M (S = Q K^T), or up to 8 as its N (S^T = K Q^T: the keys
+  // fill M, and at G = 8 nothing is padding where the 16-row tile is half padding).
+  static constexpr int kRows = kRowTile;
   // Keys per warp tile: 32 (S in 16 registers: half the per-tile costs of 16 keys, the
   // barrier wait, row maxima and rescale test); 16 for 256-byte rows (16-bit D = 128)
   // with eight warps or two CTAs per SM, where 32 would leave room for one 64 KB stage
@@ -126,7 +133,10 @@ struct DecodePolicy {
   // A buffer per warp (two CTA barriers per item instead of W / 2 + 1, for 17 KB more at
   // D = 128): -5% to +2%, windows and the TP-8 rank slower (s14run1).
   static constexpr int kEpiBuffers = 2;
-  static constexpr int kOStride = D + 8;
+  // Row stride of the buffers: D + 8 floats spreads the 16-row tile's float2 stores of
+  // rows g and g + 8 over the banks; the 8-row tile stores rows 2t, 2t + 1, which D + 4
+  // spreads.
+  static constexpr int kOStride = kRows == 8 ? D + 4 : D + 8;
   static constexpr int kEpiBytes = kEpiBuffers * kRows * kOStride * 4;
   static constexpr int kStatBytes = (2 * kWarps * kRows + kRows) * 4;
   static constexpr int kMaxStages = 8;
@@ -143,6 +153,7 @@ struct DecodePolicy {
       1024 /* alignment */ + kStages * kStageBytes + kEpiBytes + kStatBytes + kBarrierBytes;
 
   static_assert(D == 64 || D == 128, "head dims of the Hopper decode (D = 256 stays portable)");
+  static_assert(kRows == 8 || kRows == 16, "row tiles (row_tile.cuh)");
   static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
   static_assert(kWarps % 2 == 0 && kWarps <= 8, "warp pairs in the epilogue");
   static_assert(kStages >= 2 && kStages <= kMaxStages, "stages");
@@ -159,6 +170,11 @@ struct DecodePolicy {
 /// caches only when kDecodeSm90Fp8 is on too.
 constexpr bool kDecodeSm90 = PAGEDMHA_DECODE_SM90 != 0;
 constexpr bool kDecodeSm90Fp8 = PAGEDMHA_DECODE_SM90_FP8 != 0;
+
+/// The row tile of a call (DecodePolicy's kRowTile): 8 for up to 8 rows, else 16.
+inline int decode_sm90_row_tile(int group, int q_len_per_req) {
+  return PAGEDMHA_DECODE_SM90_SWAP != 0 && group * q_len_per_req <= 8 ? 8 : 16;
+}
 
 /// Whether a decode call fits here: G * q_len_per_req rows in one m16 tile, 16-bit queries
 /// (fp8 queries stay on the portable kernel). The K / V layout test (TMA boxes
