@@ -55,6 +55,21 @@
 #ifndef PAGEDMHA_DECODE_SM90_SWAP
 #define PAGEDMHA_DECODE_SM90_SWAP 1
 #endif
+// Experiment knobs of the 8-row kernels: CTAs per SM, consumer warps per CTA, keys per
+// warp tile (0: as the 16-row kernels), and two accumulator chains for Q K^T where a warp
+// tile has one m16 key block (QK_CHAINS=2).
+#ifndef PAGEDMHA_DECODE_SM90_CTAS8
+#define PAGEDMHA_DECODE_SM90_CTAS8 0
+#endif
+#ifndef PAGEDMHA_DECODE_SM90_WARPS8
+#define PAGEDMHA_DECODE_SM90_WARPS8 0
+#endif
+#ifndef PAGEDMHA_DECODE_SM90_KW8
+#define PAGEDMHA_DECODE_SM90_KW8 0
+#endif
+#ifndef PAGEDMHA_DECODE_SM90_QK_CHAINS
+#define PAGEDMHA_DECODE_SM90_QK_CHAINS 1
+#endif
 
 namespace pagedmha::cuda::sm90 {
 
@@ -84,10 +99,21 @@ struct DecodePolicy {
   // the cache's bytes (ncu, H200 s17run4: gpt-oss fp8 128 x 32k 2105 -> 1447 us); other
   // shapes within -0.7% to +3% (s17run5).
   static constexpr bool kHeadsFastest = PAGEDMHA_DECODE_SM90_ORDER == 1;
+  // The defaults (reasons below), and the 8-row kernels' experiment knobs, which apply
+  // where two stages of their shape still fit.
+  static constexpr int kWarps0 = PAGEDMHA_DECODE_SM90_WARPS;
+  static constexpr int kCtas0 = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_CTAS : PAGEDMHA_DECODE_SM90_CTAS;
+  static constexpr int kKwKnob = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_KW : PAGEDMHA_DECODE_SM90_KW;
+  static constexpr int kKw0 = kKwKnob > 0 ? kKwKnob : (kRowBytes > 128 && (kWarps0 > 4 || kCtas0 > 1) ? 16 : 32);
+  static constexpr int kWarps8 = PAGEDMHA_DECODE_SM90_WARPS8 > 0 ? PAGEDMHA_DECODE_SM90_WARPS8 : kWarps0;
+  static constexpr int kCtas8 = PAGEDMHA_DECODE_SM90_CTAS8 > 0 ? PAGEDMHA_DECODE_SM90_CTAS8 : kCtas0;
+  static constexpr int kKw8 = PAGEDMHA_DECODE_SM90_KW8 > 0 ? PAGEDMHA_DECODE_SM90_KW8 : kKw0;
+  static constexpr bool kKnobs8 = kRowTile == 8 && (228 * 1024 / kCtas8 - 2048 - 2 * 8 * (D + 4) * 4 -
+                                                     (2 * kWarps8 + 1) * 8 * 4 - 128) / (2 * kWarps8 * kKw8 * kRowBytes) >= 2;
   // Four consumer warps per CTA, with two CTAs: two warps per SMSP, as eight warps in one
   // CTA had (with one warp per SMSP every dependent step of a tile, ldmatrix -> mma chains,
   // the softmax's shuffles and ex2, is exposed; H200 sixth session runs 2 and 3).
-  static constexpr int kWarps = PAGEDMHA_DECODE_SM90_WARPS;  // consumer warps
+  static constexpr int kWarps = kKnobs8 ? kWarps8 : kWarps0;
   // One CTA-wide ring: a producer warp loads stages of kWarps x KW keys, one full barrier
   // and one empty barrier (kWarps arrivals) per stage, the boxes of a stage issued by its
   // lanes in parallel, page ids a stage ahead. A producer warp issuing every warp's 16-key
@@ -100,7 +126,7 @@ struct DecodePolicy {
   // portable decode on small items (windows, the TP-8 rank: s11run1), two of four gain
   // 3-10% there (s13run1). Three CTAs of two warps: windows +3 to +11%, 64 x 4k -3 to
   // -5% (s13run3).
-  static constexpr int kCtasPerSm = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_CTAS : PAGEDMHA_DECODE_SM90_CTAS;
+  static constexpr int kCtasPerSm = kKnobs8 ? kCtas8 : kCtas0;
   static constexpr int kConsumerThreads = 32 * kWarps;
   static constexpr int kThreads = kConsumerThreads + 32;  // and the producer warp
   // The G * q_len query rows of a KV head in one mma.sync m16n8k16 tile (row_tile.cuh):
@@ -112,8 +138,7 @@ struct DecodePolicy {
   // barrier wait, row maxima and rescale test); 16 for 256-byte rows (16-bit D = 128)
   // with eight warps or two CTAs per SM, where 32 would leave room for one 64 KB stage
   // only. fp8 D = 128 rows are 128 bytes: 32 keys in the stages 16-bit rows take 16.
-  static constexpr int kKwKnob = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_KW : PAGEDMHA_DECODE_SM90_KW;
-  static constexpr int KW = kKwKnob > 0 ? kKwKnob : (kRowBytes > 128 && (kWarps > 4 || kCtasPerSm > 1) ? 16 : 32);
+  static constexpr int KW = kKnobs8 ? kKw8 : kKw0;
   // TMA boxes of a row: 64-column panels of 128 bytes (16-bit), or the whole fp8 row
   // (128-byte swizzle at D = 128, 64-byte swizzle at D = 64: paged_kv.cuh kv_tensor_maps).
   static constexpr int kPanels = kFp8 ? 1 : D / 64;
@@ -163,7 +188,7 @@ struct DecodePolicy {
   static_assert(kSmemBytes <= kSmemPerCta, "shared memory");
   // ptxas fits the registers to 65536 / (kThreads x kCtasPerSm): 204 with two CTAs of
   // four consumer warps (the 16-bit consumers take ~170), 136 with three.
-  static_assert(kCtasPerSm == 1 || kThreads * kCtasPerSm <= 480, "registers for the consumers");
+  static_assert(kCtasPerSm == 1 || kThreads * kCtasPerSm <= (kRows == 8 ? 640 : 480), "registers for the consumers");
 };
 
 /// The switch: batch_decode (decode.cu) tries this kernel only when it is on, and for fp8
