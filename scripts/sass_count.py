@@ -148,7 +148,7 @@ def key_tile_loop(ins):
 _TYPES = {"__nv_bfloat16": "bf16", "__half": "fp16", "__nv_fp8_e4m3": "fp8", "__nv_fp8_e5m2": "fp8e5m2"}
 
 
-SM90_KW = {64: 32, 128: 16}  # decode_sm90/policy.h defaults for 16-bit caches; 32 for fp8
+SM90_KW = {64: 32, 128: 16}  # decode_sm90/policy.h defaults for 16-bit caches; fp8: 32, 64 at D = 64 with 8 rows
 
 
 def traits(demangled):
@@ -160,8 +160,8 @@ def traits(demangled):
     if m:
         d = int(m.group(1))
         kv = t(m.group(3) or m.group(2))
-        kw = 32 if kv == "fp8" else SM90_KW.get(d, 32)
         rows = int(m.group(4) or 16)
+        kw = (64 if d == 64 and rows == 8 else 32) if kv == "fp8" else SM90_KW.get(d, 32)
         return {"D": d, "T": t(m.group(2)), "KV": kv, "WM": 1, "MT": 1, "KW": kw, "BN": kw, "rows": rows}
     m = re.search(r"AttentionTraits<(\d+), ([\w:]+), ([\w:]+), (\d+)((?:, \w+)*)>", demangled)
     if not m:

@@ -173,7 +173,8 @@ def test_traits_and_keys_per_tile():
     assert SC.traits("decode_sm90_kernel<64, __half>")["KW"] == 32
     # The row tile: 16 rows, or 8 (operand-swapped).
     t = SC.traits("decode_sm90_kernel<64, __nv_bfloat16, __nv_fp8_e4m3, 8>")
-    assert (t["KV"], t["KW"], t["rows"]) == ("fp8", 32, 8)
+    assert (t["KV"], t["KW"], t["rows"]) == ("fp8", 64, 8)
+    assert SC.traits("decode_sm90_kernel<64, __half, __nv_fp8_e4m3, 16>")["KW"] == 32
     assert SC.traits("decode_sm90_kernel<128, __half, __half, 16>")["rows"] == 16
 
 

@@ -104,7 +104,10 @@ struct DecodePolicy {
   static constexpr int kWarps0 = PAGEDMHA_DECODE_SM90_WARPS;
   static constexpr int kCtas0 = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_CTAS : PAGEDMHA_DECODE_SM90_CTAS;
   static constexpr int kKwKnob = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_KW : PAGEDMHA_DECODE_SM90_KW;
-  static constexpr int kKw0 = kKwKnob > 0 ? kKwKnob : (kRowBytes > 128 && (kWarps0 > 4 || kCtas0 > 1) ? 16 : 32);
+  static constexpr int kKw0 = kKwKnob > 0                     ? kKwKnob
+                              : kFp8 && D == 64 && kRowTile == 8 ? 64
+                              : kRowBytes > 128 && (kWarps0 > 4 || kCtas0 > 1) ? 16
+                                                                               : 32;
   static constexpr int kWarps8 = PAGEDMHA_DECODE_SM90_WARPS8 > 0 ? PAGEDMHA_DECODE_SM90_WARPS8 : kWarps0;
   static constexpr int kCtas8 = PAGEDMHA_DECODE_SM90_CTAS8 > 0 ? PAGEDMHA_DECODE_SM90_CTAS8 : kCtas0;
   static constexpr int kKw8 = PAGEDMHA_DECODE_SM90_KW8 > 0 ? PAGEDMHA_DECODE_SM90_KW8 : kKw0;
@@ -138,6 +141,9 @@ struct DecodePolicy {
   // barrier wait, row maxima and rescale test); 16 for 256-byte rows (16-bit D = 128)
   // with eight warps or two CTAs per SM, where 32 would leave room for one 64 KB stage
   // only. fp8 D = 128 rows are 128 bytes: 32 keys in the stages 16-bit rows take 16.
+  // fp8 D = 64 with the 8-row tile: 64 (32 KB stages, three; S in 16 registers): gpt-oss
+  // fp8 -10 to -13% at 64 x 4k and 128 x 32k, -3% at 1 x 32k against 32 keys; eight
+  // warps of 32 keys gained half as much and lost 6% at 1 x 32k (H200 s18run2).
   static constexpr int KW = kKnobs8 ? kKw8 : kKw0;
   // TMA boxes of a row: 64-column panels of 128 bytes (16-bit), or the whole fp8 row
   // (128-byte swizzle at D = 128, 64-byte swizzle at D = 64: paged_kv.cuh kv_tensor_maps).
