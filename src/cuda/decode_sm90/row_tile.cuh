@@ -226,16 +226,6 @@ struct RowTileN : RowTileBase<Pol, T> {
         }
       }
     } else {
-      constexpr int C = NS == 1 && PAGEDMHA_DECODE_SM90_QK_CHAINS == 2 ? 2 : 1;
-      float part[C][NS][4];
-#pragma unroll
-      for (int c = 0; c < C; ++c) {
-#pragma unroll
-        for (int i = 0; i < NS; ++i) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) part[c][i][e] = 0.0f;
-        }
-      }
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
@@ -245,13 +235,8 @@ struct RowTileN : RowTileBase<Pol, T> {
           uint32_t ka[4];
           const int key = 16 * i + (lane & 7) + (((lane >> 3) & 1) << 3);
           ldmatrix_x4(ka, k_base + tile_offset(TK, warp * KW + key, 2 * kk + (lane >> 4)));
-          mma_16816<T>(part[kk % C][i], ka, q[kk][0], q[kk][1]);
+          mma_16816<T>(s[i], ka, q[kk][0], q[kk][1]);
         }
-      }
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[i][e] = C == 2 ? part[0][i][e] + part[C - 1][i][e] : part[0][i][e];
       }
     }
   }
