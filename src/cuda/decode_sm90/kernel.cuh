@@ -176,11 +176,36 @@ struct DecodeWarp {
     PipeState<S> st;
     RequestScan scan;
     scan.load(a, 0);
-    for (int item = blockIdx.x;; item += gridDim.x) {
-      int b, local, cnt, L;
-      if (!scan.locate(a, item, b, local, cnt, L)) break;
-      const WarpItem it = warp_item<Pol>(a, b, local, cnt, L);
-      const DecodeRows rows{a, b, it.kv_head, 0, L};
+    // Q of the next item is loaded while this one runs (Pol::kQPrefetch): its latency
+    // is off the item's start.
+    constexpr int NQ = Tile::NQ;
+    int item = blockIdx.x, b, local, cnt, L;
+    bool more = scan.locate(a, item, b, local, cnt, L);
+    WarpItem next{};
+    uint32_t q_next[D / 16][NQ];
+    if (Pol::kQPrefetch && more) {
+      next = warp_item<Pol>(a, b, local, cnt, L);
+      Tile::load_q(a, DecodeRows{a, next.b, next.kv_head, 0, next.L}, lane, q_next);
+    }
+    while (more) {
+      const WarpItem it = Pol::kQPrefetch ? next : warp_item<Pol>(a, b, local, cnt, L);
+      const DecodeRows rows{a, it.b, it.kv_head, 0, it.L};
+      uint32_t q[D / 16][NQ];
+      if constexpr (Pol::kQPrefetch) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+          for (int e = 0; e < NQ; ++e) q[kk][e] = q_next[kk][e];
+        }
+      } else if (it.t0 < it.t1) {
+        Tile::load_q(a, rows, lane, q);
+      }
+      item += gridDim.x;
+      more = scan.locate(a, item, b, local, cnt, L);
+      if (Pol::kQPrefetch && more) {
+        next = warp_item<Pol>(a, b, local, cnt, L);
+        Tile::load_q(a, DecodeRows{a, next.b, next.kv_head, 0, next.L}, lane, q_next);
+      }
       float acc[NA][4];
 #pragma unroll
       for (int i = 0; i < NA; ++i) {
@@ -190,8 +215,7 @@ struct DecodeWarp {
       OnlineSoftmax<typename Tile::Frag> smx;
       smx.init();
       if (it.t0 < it.t1) {
-        uint32_t q[D / 16][Tile::NQ];
-        Tile::load_q(a, rows, lane, q);
+        Tile::to_qk(q);
         int lo[2], hi[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -221,7 +245,7 @@ struct DecodeWarp {
         }
       }
       smx.finish();
-      if (cnt == 1) {
+      if (it.count == 1) {
         epilogue(smx, acc, DirectOut<T, DecodeRows>{a, rows});
       } else {
         epilogue(smx, acc, PartialOut<D, DecodeRows>{a, rows, it.split});

@@ -58,6 +58,11 @@
 // Experiment knobs of the 8-row kernels: CTAs per SM, consumer warps per CTA, keys per
 // warp tile (0: the defaults below). Not here: two accumulator chains for Q K^T where a
 // warp tile has one m16 key block (16-bit D = 128): within 0.7% (H200 s18run2).
+// PAGEDMHA_DECODE_SM90_Q_PREFETCH=0: each item's Q loaded at its start (not an item
+// ahead).
+#ifndef PAGEDMHA_DECODE_SM90_Q_PREFETCH
+#define PAGEDMHA_DECODE_SM90_Q_PREFETCH 1
+#endif
 #ifndef PAGEDMHA_DECODE_SM90_CTAS8
 #define PAGEDMHA_DECODE_SM90_CTAS8 0
 #endif
@@ -96,6 +101,10 @@ struct DecodePolicy {
   // the cache's bytes (ncu, H200 s17run4: gpt-oss fp8 128 x 32k 2105 -> 1447 us); other
   // shapes within -0.7% to +3% (s17run5).
   static constexpr bool kHeadsFastest = PAGEDMHA_DECODE_SM90_ORDER == 1;
+  // The consumers of the 8-row kernels load the next item's Q (D / 8 registers) while
+  // this item runs: an item's start no longer waits for its global loads. (The 16-row
+  // kernels at D = 128 would spill.)
+  static constexpr bool kQPrefetch = PAGEDMHA_DECODE_SM90_Q_PREFETCH != 0 && kRowTile == 8;
   // The defaults (reasons below), and the 8-row kernels' experiment knobs, which apply
   // where two stages of their shape still fit.
   static constexpr int kWarps0 = PAGEDMHA_DECODE_SM90_WARPS;

@@ -47,7 +47,7 @@ struct RowTileBase {
 
   /// Q of row `r` (zero when padding) for k16 step kk: the pairs of k 2t, 2t + 1 (w = 0)
   /// and 2t + 8, 2t + 9 (w = 1): dims 16 kk + 2t and + 8 (m16n8k16), or 16 kk + 4t and
-  /// + 2 in qk_fp8's order; a bf16 query rounded to fp16 where S is computed in fp16.
+  /// + 2 in qk_fp8's order; in the query's dtype (to_qk converts).
   struct QRow {
     const uint32_t* q;
     bool valid;
@@ -58,11 +58,22 @@ struct RowTileBase {
           valid(d.valid) {}
     __device__ uint32_t operator()(int kk, int w, int t4) const {
       const int off = Pol::kFp8 ? 2 * t4 + w : t4 + 4 * w;
-      const uint32_t x = valid ? __ldg(q + kk * 8 + off) : 0u;
-      if constexpr (!std::is_same<QkT, T>::value) return bf16x2_to_half_sat(x);
-      return x;
+      return valid ? __ldg(q + kk * 8 + off) : 0u;
     }
   };
+
+  /// Q registers as the mma's operand: a bf16 query rounded to fp16 where S is computed in
+  /// fp16 (separate from the loads, which may be issued an item ahead).
+  template <int NQ>
+  __device__ static void to_qk(uint32_t (&q)[D / 16][NQ]) {
+    if constexpr (!std::is_same<QkT, T>::value) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int e = 0; e < NQ; ++e) q[kk][e] = bf16x2_to_half_sat(q[kk][e]);
+      }
+    }
+  }
 };
 
 template <class Pol, class T>
@@ -82,7 +93,7 @@ struct RowTileM : RowTileBase<Pol, T> {
   __device__ static int row(int h, int lane) { return (lane >> 2) + 8 * h; }
   __device__ static bool holds_stats(int lane) { return (lane & 3) == 0; }
 
-  /// Q of rows g and g + 8 as A fragments.
+  /// Q of rows g and g + 8 as A fragments (in T: to_qk before the mma).
   __device__ static void load_q(const AttentionArgs& a, const DecodeRows& rows, int lane, uint32_t (&q)[D / 16][NQ]) {
     const int g = lane >> 2, t4 = lane & 3;
     const QRow r0(a, rows(g)), r1(a, rows(g + 8));
@@ -193,7 +204,7 @@ struct RowTileN : RowTileBase<Pol, T> {
   __device__ static int row(int h, int lane) { return 2 * (lane & 3) + h; }
   __device__ static bool holds_stats(int lane) { return lane < 4; }
 
-  /// Q of row g as B fragments (k: dims, n: rows).
+  /// Q of row g as B fragments (k: dims, n: rows; in T: to_qk before the mma).
   __device__ static void load_q(const AttentionArgs& a, const DecodeRows& rows, int lane, uint32_t (&q)[D / 16][NQ]) {
     const QRow r(a, rows(lane >> 2));
 #pragma unroll
