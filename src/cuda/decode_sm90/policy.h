@@ -8,7 +8,10 @@
 // default shape is the ring (a producer warp filling one ring of stages per CTA) with two
 // CTAs of four consumer warps per SM: against the portable decode +4 to +9% at 64 x 4k,
 // window 127 and the TP-8 rank's 256 x 2k and 64 x 8k, level at 1 x 32k (llama3-8b) and
-// 32 x 2k, -2% at llama3-8b 128 x 32k (H200 s13run2, docs/perf-notes/decode.md).
+// 32 x 2k, -2% at llama3-8b 128 x 32k (H200 s13run2, docs/perf-notes/decode.md). Calls
+// of up to 8 rows (G q_len <= 8: every plain decode of llama3-8b, gpt-oss and the TP-8
+// rank) run the operand-swapped 8-row tile: fp8 -5 to -13%, the TP-8 rank -4 to -5%,
+// others within +-1% (s18run1, docs/perf-notes/decode-swap.md).
 // Experiment knobs (bench/prefill_variants.sh with KERNEL=decode):
 // PAGEDMHA_DECODE_SM90_WARPS=w consumer warps per CTA, PAGEDMHA_DECODE_SM90_KW=k keys per
 // warp tile, PAGEDMHA_DECODE_SM90_STAGES=s ring stages, PAGEDMHA_DECODE_SM90_CTAS=c CTAs

@@ -190,8 +190,9 @@ struct PrefillPolicy {
   // softmax is the larger part of a step: two consumer warpgroups at D = 64, which is fp8
   // KV there (+3-5% at gpt-oss 1 x 16k, 4 x 4k and the TP-8 rank, H200 s16run4); at
   // D = 128 +1-3% at 1 x 16k and -1 to +1% at 4 x 4k and 16 x 1k, so off
-  // (docs/perf-notes/prefill-sm90-schedule.md section 13). Not yet with three consumer
-  // warpgroups (=3 builds it: 158 of their 160 registers, not measured).
+  // (docs/perf-notes/prefill-sm90-schedule.md section 13). Not with three consumer
+  // warpgroups (=3 builds it, 158 of their 160 registers): gpt-oss bf16 2-3% slower
+  // (s18run4, section 14).
   static constexpr bool kSpecSoftmax =
       (PAGEDMHA_SM90_SPEC_SOFTMAX < 0 ? Fp8Kv && D == 64 : PAGEDMHA_SM90_SPEC_SOFTMAX != 0) &&
       PAGEDMHA_SM90_DIAG == 0 && (kConsumerWarpgroups == 2 || PAGEDMHA_SM90_SPEC_SOFTMAX == 3);
