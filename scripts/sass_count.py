@@ -11,9 +11,10 @@ the code for --arch (default sm_90a) of the given object files or executables
 
 Key-tile loop: each backward branch (target <= its own address) closes a loop [target,
 branch] (back-edges to one target: the last one). The key-tile loop is the innermost loop
-that holds an HMMA and an LDGSTS or UTMALDG (the Hopper decode's warps issue their next
-tile's TMA boxes in the loop; the persistent work-item loop around it holds them too, so
-the largest would be the wrong one). Counts are static: each instruction of the
+that holds an HMMA and an LDGSTS, UTMALDG or SYNCS (the portable decode's cp.async
+loads; the Hopper decode's consumers wait on the ring's stage barriers; the persistent
+work-item loop around it holds them too, so the largest would be the wrong one). Counts
+are static: each instruction of the
 address range once, both sides of its branches (soft cap, boundary-tile mask) and inner
 loops (the page walk) included, not what one tile executes.
 
@@ -21,8 +22,9 @@ Phases, the first rule that matches wins:
   sync     barriers and control: BAR, DEPBAR, SYNCS, BRA, BSSY, BSYNC, WARPSYNC, VOTE, ...
   loader   copies and their addressing data: LDGSTS, LDGDEPBAR, LDG (page ids), UTMALDG,
            UBLKCP, LDC / ULDC (strides, page size: the softmax's few scalars ride along)
-  qk, pv   HMMA, LDSM and wide LDS (.64 / .128: fragments): before the loop's first
-           MUFU.EX2 (in address order) QK, after it PV
+  qk, pv   HMMA, LDSM, MOVM (the operand-swapped decode's P^T transposes) and wide LDS
+           (.64 / .128: fragments): before the loop's first MUFU.EX2 (in address order)
+           QK, after it PV
   convert  the fp8 conversion: PRMT, half-precision ops (HADD2, HMUL2, HFMA2), F2FP from
            fp8 (E4M3 / E5M2), and any integer or move instruction that reads a register
            derived from an LDSM fragment (tracked in address order through the convert
@@ -107,7 +109,7 @@ def classify(body):
             p = "sync"
         elif b in LOADER_MEM:
             p = "loader"
-        elif b in ("HMMA", "LDSM") or (b == "LDS" and re.search(r"\.(64|128)\b", ins.op)):
+        elif b in ("HMMA", "LDSM", "MOVM") or (b == "LDS" and re.search(r"\.(64|128)\b", ins.op)):
             p = "qk" if i < first_ex2 else "pv"
         elif b in CONVERT or (b == "F2FP" and re.search(r"E4M3|E5M2", ins.op)):
             p = "convert"

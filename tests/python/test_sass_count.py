@@ -127,6 +127,7 @@ PHASED = [
     ("MUFU.EX2 R12, R12", "softmax"),
     ("LDSM.16.MT88.4 R44, [R30+0x2000]", "pv"),
     ("F2FP.BF16.F32.PACK_AB R48, R13, R12", "softmax"),
+    ("MOVM.16.MT88 R48, R48", "pv"),                       # P^T by transpose (operand swap)
     ("HMMA.16816.F32.BF16 R0, R48, R44, R0", "pv"),
     ("LDS.64 R42, [R31+0x10]", "pv"),
     ("IMAD.MOV.U32 R50, RZ, RZ, R9", "other"),

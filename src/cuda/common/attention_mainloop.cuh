@@ -320,7 +320,7 @@ __device__ void attention_mainloop(const AttentionArgs& a, const AttentionSmem<T
         const int r = (wm * MT + mt) * 16 + g;
         const int row_lo[2] = {sm.row_lo()[r], sm.row_lo()[r + 8]};
         const int row_hi[2] = {sm.row_hi()[r], sm.row_hi()[r + 8]};
-        mask_keys(s[mt], key0, t, row_lo, row_hi);
+        mask_keys(s[mt], key0, t, row_lo, row_hi);  // t: RowsInM::key reads only lane & 3
       }
     }
 

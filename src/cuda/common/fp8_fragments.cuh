@@ -13,6 +13,9 @@
 //   acc[2c][e], e = 0, 1 -> dim 16c + 4t + 2e; acc[2c + 1][e] -> 16c + 4t + 2e + 1
 //   (rows g, and g + 8 for e = 2, 3). P and V use fp16 mma: P in [0, 1] keeps more bits
 //   in fp16 than in bf16, and fp8 -> fp16 is one instruction per pair.
+// The operand-swapped decode tile (decode_sm90/row_tile.cuh RowTileN) uses the same
+// registers as A fragments: K's keys as rows, and V^T's even / odd dims as rows g / g + 8
+// of one accumulator (k_fragments_fp8, v_fragments_fp8).
 #pragma once
 
 #include <cuda_fp16.h>

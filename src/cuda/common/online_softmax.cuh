@@ -39,6 +39,8 @@ __device__ __forceinline__ float fast_exp2_ftz(float x) {
 struct RowsInM {
   __device__ static constexpr int elem(int h, int j) { return 2 * h + j; }
   __device__ static constexpr int row_of(int e) { return e >> 1; }
+  /// The column (key) of element e of fragment i, from the tile's first: 8 columns each.
+  __device__ static constexpr int key(int i, int e, int lane) { return i * 8 + 2 * (lane & 3) + (e & 1); }
   /// Max / sum over the lanes that share the thread's rows.
   __device__ __forceinline__ static float max_across(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -53,6 +55,8 @@ struct RowsInM {
 struct RowsInN {
   __device__ static constexpr int elem(int h, int j) { return h + 2 * j; }
   __device__ static constexpr int row_of(int e) { return e & 1; }
+  /// The key of element e of fragment i: 16 keys (the mma's M) each.
+  __device__ static constexpr int key(int i, int e, int lane) { return i * 16 + (lane >> 2) + 8 * (e >> 1); }
   __device__ __forceinline__ static float max_across(float x) {
 #pragma unroll
     for (int o = 4; o < 32; o <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
@@ -254,17 +258,18 @@ struct OnlineSoftmax {
 
 using SoftmaxRows = OnlineSoftmax<RowsInM>;
 
-/// Sets to -inf the logits of m16n8 fragments outside their rows' visible keys: s[i][e]
-/// is key key0 + 8 i + 2 t4 + (e & 1) of the thread's row e >> 1 (g or g + 8), which sees
-/// keys [lo[row], hi[row]).
-template <int NS>
-__device__ __forceinline__ void mask_keys(float (&s)[NS][4], int key0, int t4, const int (&lo)[2], const int (&hi)[2]) {
+/// Sets to -inf the logits of fragments laid out as Frag says outside their rows' visible
+/// keys: s[i][e] is key key0 + Frag::key(i, e, lane) of the thread's row Frag::row_of(e),
+/// which sees keys [lo[row], hi[row]).
+template <class Frag = RowsInM, int NS>
+__device__ __forceinline__ void mask_keys(float (&s)[NS][4], int key0, int lane, const int (&lo)[2],
+                                          const int (&hi)[2]) {
 #pragma unroll
   for (int i = 0; i < NS; ++i) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int key = key0 + i * 8 + 2 * t4 + (e & 1);
-      if (key < lo[e >> 1] || key >= hi[e >> 1]) s[i][e] = -INFINITY;
+      const int key = key0 + Frag::key(i, e, lane);
+      if (key < lo[Frag::row_of(e)] || key >= hi[Frag::row_of(e)]) s[i][e] = -INFINITY;
     }
   }
 }

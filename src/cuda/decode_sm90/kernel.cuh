@@ -180,9 +180,9 @@ struct DecodeWarp {
     // is off the item's start.
     constexpr int NQ = Tile::NQ;
     int item = blockIdx.x, b, local, cnt, L;
-    bool more = scan.locate(a, item, b, local, cnt, L);
     WarpItem next{};
     uint32_t q_next[D / 16][NQ];
+    bool more = scan.locate(a, item, b, local, cnt, L);
     if (Pol::kQPrefetch && more) {
       next = warp_item<Pol>(a, b, local, cnt, L);
       Tile::load_q(a, DecodeRows{a, next.b, next.kv_head, 0, next.L}, lane, q_next);
@@ -233,7 +233,9 @@ struct DecodeWarp {
           float s[NS][4];
           Tile::qk(q, smem_addr(sm.k(st.slot)), warp, lane, s);
           var.template transform<false>(s);
-          if (!(key0 >= it.full_lo && key0 + KW <= it.full_hi)) Tile::mask(s, key0, lane, lo, hi);
+          if (!(key0 >= it.full_lo && key0 + KW <= it.full_hi)) {
+            mask_keys<typename Tile::Frag>(s, key0, lane, lo, hi);
+          }
           // ftz: split results are compared within an ulp, not bitwise, across split
           // counts, and a request's splits never depend on the batch (decode/policy.h).
           smx.template update<NS, NA, true>(s, acc);

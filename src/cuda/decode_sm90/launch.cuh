@@ -37,6 +37,7 @@ bool run_decode_rows(const detail::AttentionProblem& prob, const AttentionArgs& 
                      cudaStream_t stream) {
   constexpr bool kFp8 = sizeof(KV) == 1;
   using Pol = DecodePolicy<D, kFp8, kRows>;
+  if (args.group * args.q_len_per_req > kRows) return false;
   DecodeSm90Params p{};
   if (!kv_tensor_maps<D, T, kFp8>(prob.kv, Pol::kTileKeys, p.tm_k, p.tm_v, p.geo, /*fp8_swizzled=*/true)) return false;
   p.a = args;

@@ -58,25 +58,42 @@
 #ifndef PAGEDMHA_DECODE_SM90_SWAP
 #define PAGEDMHA_DECODE_SM90_SWAP 1
 #endif
-// Experiment knobs of the 8-row kernels: CTAs per SM, consumer warps per CTA, keys per
-// warp tile (0: the defaults below). Not here: two accumulator chains for Q K^T where a
-// warp tile has one m16 key block (16-bit D = 128): within 0.7% (H200 s18run2).
 // PAGEDMHA_DECODE_SM90_Q_PREFETCH=0: each item's Q loaded at its start (not an item
 // ahead).
 #ifndef PAGEDMHA_DECODE_SM90_Q_PREFETCH
 #define PAGEDMHA_DECODE_SM90_Q_PREFETCH 1
 #endif
+// Experiment knobs of the 8-row kernels: CTAs per SM and keys per warp tile (0: the
+// defaults below), applied to each 8-row kernel where two stages of that shape fit (so a
+// variant changes only some kernels: compare the shapes it is for). Not here: eight
+// consumer warps (fp8 D = 64: half the gain of 64-key tiles, -6% at 1 x 32k), two
+// accumulator chains for Q K^T where a warp tile has one m16 key block (16-bit D = 128:
+// within 0.7%; both H200 s18run2).
 #ifndef PAGEDMHA_DECODE_SM90_CTAS8
 #define PAGEDMHA_DECODE_SM90_CTAS8 0
-#endif
-#ifndef PAGEDMHA_DECODE_SM90_WARPS8
-#define PAGEDMHA_DECODE_SM90_WARPS8 0
 #endif
 #ifndef PAGEDMHA_DECODE_SM90_KW8
 #define PAGEDMHA_DECODE_SM90_KW8 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
+
+/// Row stride (floats) of the epilogue buffers of a `rows`-row tile: D + 8 spreads the
+/// 16-row tile's float2 stores of rows g and g + 8 over the banks; the 8-row tile stores
+/// rows 2t and 2t + 1, which D + 4 spreads.
+constexpr int decode_sm90_o_stride(int D, int rows) { return rows == 8 ? D + 4 : D + 8; }
+
+/// Most ring stages: each has a full and an empty mbarrier (8 bytes each).
+constexpr int kDecodeSm90MaxStages = 8;
+
+/// Ring stages that fit a CTA's share of the SM's shared memory (228 KB per SM, 1 KB of it
+/// reserved per CTA) after the alignment slack, the two epilogue buffers, the statistics
+/// and the barriers (DecodePolicy's layout, DecodeSmem in kernel.cuh).
+constexpr int decode_sm90_stages_fit(int D, int row_bytes, int rows, int ctas, int warps, int kw) {
+  const int smem_per_cta = ctas == 1 ? 227 * 1024 : 228 * 1024 / ctas - 1024;
+  const int epilogue = 2 * rows * decode_sm90_o_stride(D, rows) * 4, stats = (2 * warps * rows + rows) * 4;
+  return (smem_per_cta - 1024 - epilogue - stats - 2 * kDecodeSm90MaxStages * 8) / (2 * warps * kw * row_bytes);
+}
 
 /// kCtasPerSm CTAs per SM; the kWarps consumer warps of a CTA share each work item
 /// (request, KV head, split), warp w taking keys [w KW, w KW + KW) of every stage of the
@@ -108,24 +125,22 @@ struct DecodePolicy {
   // this item runs: an item's start no longer waits for its global loads. (The 16-row
   // kernels at D = 128 would spill.)
   static constexpr bool kQPrefetch = PAGEDMHA_DECODE_SM90_Q_PREFETCH != 0 && kRowTile == 8;
-  // The defaults (reasons below), and the 8-row kernels' experiment knobs, which apply
-  // where two stages of their shape still fit.
-  static constexpr int kWarps0 = PAGEDMHA_DECODE_SM90_WARPS;
+  // The defaults (reasons below), then the 8-row kernels' experiment knobs where two
+  // stages of their shape fit.
   static constexpr int kCtas0 = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_CTAS : PAGEDMHA_DECODE_SM90_CTAS;
   static constexpr int kKwKnob = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_KW : PAGEDMHA_DECODE_SM90_KW;
-  static constexpr int kKw0 = kKwKnob > 0                     ? kKwKnob
-                              : kFp8 && D == 64 && kRowTile == 8 ? 64
-                              : kRowBytes > 128 && (kWarps0 > 4 || kCtas0 > 1) ? 16
-                                                                               : 32;
-  static constexpr int kWarps8 = PAGEDMHA_DECODE_SM90_WARPS8 > 0 ? PAGEDMHA_DECODE_SM90_WARPS8 : kWarps0;
+  static constexpr int kKw0 = kKwKnob > 0                                                           ? kKwKnob
+                              : kFp8 && D == 64 && kRowTile == 8 && PAGEDMHA_DECODE_SM90_WARPS <= 4 ? 64
+                              : kRowBytes > 128 && (PAGEDMHA_DECODE_SM90_WARPS > 4 || kCtas0 > 1)  ? 16
+                                                                                                    : 32;
   static constexpr int kCtas8 = PAGEDMHA_DECODE_SM90_CTAS8 > 0 ? PAGEDMHA_DECODE_SM90_CTAS8 : kCtas0;
   static constexpr int kKw8 = PAGEDMHA_DECODE_SM90_KW8 > 0 ? PAGEDMHA_DECODE_SM90_KW8 : kKw0;
-  static constexpr bool kKnobs8 = kRowTile == 8 && (228 * 1024 / kCtas8 - 2048 - 2 * 8 * (D + 4) * 4 -
-                                                     (2 * kWarps8 + 1) * 8 * 4 - 128) / (2 * kWarps8 * kKw8 * kRowBytes) >= 2;
+  static constexpr bool kKnobs8 =
+      kRowTile == 8 && decode_sm90_stages_fit(D, kRowBytes, 8, kCtas8, PAGEDMHA_DECODE_SM90_WARPS, kKw8) >= 2;
   // Four consumer warps per CTA, with two CTAs: two warps per SMSP, as eight warps in one
   // CTA had (with one warp per SMSP every dependent step of a tile, ldmatrix -> mma chains,
   // the softmax's shuffles and ex2, is exposed; H200 sixth session runs 2 and 3).
-  static constexpr int kWarps = kKnobs8 ? kWarps8 : kWarps0;
+  static constexpr int kWarps = PAGEDMHA_DECODE_SM90_WARPS;
   // One CTA-wide ring: a producer warp loads stages of kWarps x KW keys, one full barrier
   // and one empty barrier (kWarps arrivals) per stage, the boxes of a stage issued by its
   // lanes in parallel, page ids a stage ahead. A producer warp issuing every warp's 16-key
@@ -146,13 +161,13 @@ struct DecodePolicy {
   // it. 16 rows as the mma's M (S = Q K^T), or up to 8 as its N (S^T = K Q^T: the keys
   // fill M, and at G = 8 nothing is padding where the 16-row tile is half padding).
   static constexpr int kRows = kRowTile;
-  // Keys per warp tile: 32 (S in 16 registers: half the per-tile costs of 16 keys, the
+  // Keys per warp tile: 32 (16-row S in 16 registers: half the per-tile costs of 16 keys, the
   // barrier wait, row maxima and rescale test); 16 for 256-byte rows (16-bit D = 128)
   // with eight warps or two CTAs per SM, where 32 would leave room for one 64 KB stage
   // only. fp8 D = 128 rows are 128 bytes: 32 keys in the stages 16-bit rows take 16.
-  // fp8 D = 64 with the 8-row tile: 64 (32 KB stages, three; S in 16 registers): gpt-oss
-  // fp8 -10 to -13% at 64 x 4k and 128 x 32k, -3% at 1 x 32k against 32 keys; eight
-  // warps of 32 keys gained half as much and lost 6% at 1 x 32k (H200 s18run2).
+  // fp8 D = 64 with the 8-row tile: 64 (32 KB stages, three; 8-row S in 16 registers):
+  // gpt-oss fp8 -10 to -13% at 64 x 4k and 128 x 32k, -3% at 1 x 32k against 32 keys
+  // (H200 s18run2).
   static constexpr int KW = kKnobs8 ? kKw8 : kKw0;
   // TMA boxes of a row: 64-column panels of 128 bytes (16-bit), or the whole fp8 row
   // (128-byte swizzle at D = 128, 64-byte swizzle at D = 64: paged_kv.cuh kv_tensor_maps).
@@ -165,7 +180,7 @@ struct DecodePolicy {
   static constexpr int kStageBytes = 2 * kTileBytes;
   // Not here: the ring's producer copying each item's Q into shared slots (twelfth
   // session): -6% at 1 x 32k, +1-3% elsewhere with two CTAs per SM (s13run2).
-  // Epilogue: two fp32 [kRows][D + 8] buffers (warps 0 and 1 write, then each further
+  // Epilogue: two fp32 [kRows][kOStride] buffers (warps 0 and 1 write, then each further
   // pair adds, 2 and 3 first: a fixed order, so results do not depend on timing), then
   // (m, l) per warp and row and the row scales. One buffer added to in W passes (room for
   // a third stage at D = 128) was 0.8% faster at 128 x 32k and 2-14% slower on small items
@@ -173,19 +188,16 @@ struct DecodePolicy {
   // A buffer per warp (two CTA barriers per item instead of W / 2 + 1, for 17 KB more at
   // D = 128): -5% to +2%, windows and the TP-8 rank slower (s14run1).
   static constexpr int kEpiBuffers = 2;
-  // Row stride of the buffers: D + 8 floats spreads the 16-row tile's float2 stores of
-  // rows g and g + 8 over the banks; the 8-row tile stores rows 2t, 2t + 1, which D + 4
-  // spreads.
-  static constexpr int kOStride = kRows == 8 ? D + 4 : D + 8;
+  static constexpr int kOStride = decode_sm90_o_stride(D, kRows);
   static constexpr int kEpiBytes = kEpiBuffers * kRows * kOStride * 4;
   static constexpr int kStatBytes = (2 * kWarps * kRows + kRows) * 4;
-  static constexpr int kMaxStages = 8;
+  static constexpr int kMaxStages = kDecodeSm90MaxStages;
   static constexpr int kBarrierBytes = 2 * kMaxStages * 8;  // full, then empty
-  // Stages: as many as the CTA's share of the SM's shared memory holds (228 KB per SM,
-  // 1 KB of it reserved per CTA): with two CTAs 2 at D = 128 and 3 at D = 64.
+  // Stages: as many as the CTA's share of the SM's shared memory holds. With two CTAs:
+  // 16 rows 2 at D = 128 (16-bit and fp8), 3 at 16-bit D = 64, 6 at fp8 D = 64; 8 rows
+  // (smaller epilogue buffers) 3 for each.
   static constexpr int kSmemPerCta = kCtasPerSm == 1 ? 227 * 1024 : 228 * 1024 / kCtasPerSm - 1024;
-  static constexpr int kStagesFit =
-      (kSmemPerCta - 1024 - kEpiBytes - kStatBytes - kBarrierBytes) / kStageBytes;
+  static constexpr int kStagesFit = decode_sm90_stages_fit(D, kRowBytes, kRows, kCtasPerSm, kWarps, KW);
   static constexpr int kStages = PAGEDMHA_DECODE_SM90_STAGES > 0 ? PAGEDMHA_DECODE_SM90_STAGES
                                  : kStagesFit < kMaxStages      ? kStagesFit
                                                                 : kMaxStages;
@@ -201,9 +213,10 @@ struct DecodePolicy {
   // (paged_kv.cuh kv_tma_ok).
   static_assert(kTileKeys / 8 * kPanels <= 32, "one lane per box of a stage");
   static_assert(kSmemBytes <= kSmemPerCta, "shared memory");
-  // ptxas fits the registers to 65536 / (kThreads x kCtasPerSm): 204 with two CTAs of
-  // four consumer warps (the 16-bit consumers take ~170), 136 with three.
-  static_assert(kCtasPerSm == 1 || kThreads * kCtasPerSm <= (kRows == 8 ? 640 : 480), "registers for the consumers");
+  // ptxas fits the registers to the warps an SMSP holds (16384 each): 168 with two CTAs
+  // of five warps (the consumers take 121-168), 128 with three (s18run2's three CTAs: no
+  // spills before the 8-row Q prefetch, which takes D = 128 to 159).
+  static_assert(kCtasPerSm == 1 || kThreads * kCtasPerSm <= 480, "registers for the consumers");
 };
 
 /// The switch: batch_decode (decode.cu) tries this kernel only when it is on, and for fp8
@@ -216,7 +229,7 @@ inline int decode_sm90_row_tile(int group, int q_len_per_req) {
   return PAGEDMHA_DECODE_SM90_SWAP != 0 && group * q_len_per_req <= 8 ? 8 : 16;
 }
 
-/// Whether a decode call fits here: G * q_len_per_req rows in one m16 tile, 16-bit queries
+/// Whether a decode call fits here: G * q_len_per_req rows in one row tile (<= 16), 16-bit queries
 /// (fp8 queries stay on the portable kernel). The K / V layout test (TMA boxes
 /// per page) is paged_kv.cuh's kv_tma_ok.
 inline bool decode_sm90_rows_ok(int group, int q_len_per_req, bool q_fp8) {

@@ -8,9 +8,9 @@
 //     8x8 register transpose (movmatrix) per 8 keys.
 // Each gives: Frag (the softmax layout, online_softmax.cuh), the fragment counts NS (S),
 // NA (O) and NQ (Q registers per k16 step), the thread's rows row(h), the lanes that hold
-// a row's statistics, and load_q / qk / pv / mask / to_buffer. fp8 caches stay raw in the
-// ring and are converted in registers (common/fp8_fragments.cuh), S in QkT (policy.h
-// kQkF16), P and V in fp16.
+// a row's statistics, and load_q / qk / pv / to_buffer (the mask: online_softmax.cuh's
+// mask_keys<Frag>). fp8 caches stay raw in the ring and are converted in registers
+// (common/fp8_fragments.cuh), S in QkT (policy.h kQkF16), P and V in fp16.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -84,10 +84,9 @@ struct RowTileM : RowTileBase<Pol, T> {
   using Frag = RowsInM;
   static constexpr int D = B::D, KW = B::KW, TK = B::TK;
   static constexpr int kRows = 16, NS = KW / 8, NA = D / 8, NQ = 4;
-  // The fp8 fragments' view of the warp's tile: one m16 row tile.
-  struct Fp8Tile {
-    using QkT = typename B::QkT;
-    static constexpr int D = Pol::kHeadDim, KW = Pol::KW, MT = 1;
+  // The fp8 fragments' view of the warp's tile (D, KW, QkT): one m16 row tile.
+  struct Fp8Tile : B {
+    static constexpr int MT = 1;
   };
 
   __device__ static int row(int h, int lane) { return (lane >> 2) + 8 * h; }
@@ -158,11 +157,6 @@ struct RowTileM : RowTileBase<Pol, T> {
         }
       }
     }
-  }
-
-  /// -inf for the keys (from key0) outside rows g / g + 8's [lo[h], hi[h]).
-  __device__ static void mask(float (&s)[NS][4], int key0, int lane, const int (&lo)[2], const int (&hi)[2]) {
-    mask_keys(s, key0, lane & 3, lo, hi);
   }
 
   /// buf[row][dim] (row stride Pol::kOStride) = (kAdd: +=) acc * f[h] for the thread's
@@ -283,18 +277,6 @@ struct RowTileN : RowTileBase<Pol, T> {
           ldmatrix_x4_trans(va, v_base + tile_offset(TK, warp * KW + key, 2 * dp + ((lane >> 3) & 1)));
           mma_16816<T>(acc[dp], va, pb0, pb1);
         }
-      }
-    }
-  }
-
-  /// -inf for the keys (from key0) outside rows 2t / 2t + 1's [lo[h], hi[h]).
-  __device__ static void mask(float (&s)[NS][4], int key0, int lane, const int (&lo)[2], const int (&hi)[2]) {
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + 16 * i + (lane >> 2) + 8 * (e >> 1);
-        if (key < lo[e & 1] || key >= hi[e & 1]) s[i][e] = -INFINITY;
       }
     }
   }

@@ -108,7 +108,6 @@ struct Consumer {
   /// rows).
   template <int NS>
   __device__ void mask(float (&s)[NS][4], int key0, const QueryTile& t) const {
-    const int t4 = ltid & 3;
     int lo[2], hi[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -117,7 +116,7 @@ struct Consumer {
       narrow(p.space.mask.row(t.L, int64_t{t.p0} + tok), lo[h], hi[h]);
       if (tok < 0) lo[h] = hi[h] = 0;
     }
-    mask_keys(s, key0, t4, lo, hi);
+    mask_keys(s, key0, ltid & 31, lo, hi);
   }
 
   /// P of the tile from the probabilities of its first 8 NS keys (0 for the rest).

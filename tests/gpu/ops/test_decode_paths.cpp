@@ -7,8 +7,9 @@
 // - runs that start mid-request: splits and sliding windows;
 // - more than 32 splits, merged by several passes of the merge CTA's split lanes;
 // - batches past one 128-request chunk of the in-kernel item scan, with row chunks;
-// - fp8 caches on the Hopper decode's ring (decode_sm90/: raw fp8 stages of 128 keys in
-//   TMA's 128-byte / 64-byte swizzle, Q in the fp8 fragments' dim order).
+// - fp8 caches on the Hopper decode's ring (decode_sm90/: raw fp8 stages of 128 keys, 256
+//   at D = 64 on the 8-row tile, in TMA's 128-byte / 64-byte swizzle, Q in the fp8
+//   fragments' dim order), on both row tiles (8 rows, and 16 for G 4 x q_len 4).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -42,7 +43,7 @@ TEST(GpuDecodePaths, Fp8TwoPageRunsWithSplitsAndWindows) {
 // checked the same way; that these layouts reach the ring is
 // GpuDecode.Fp8KvQueriesPastFp16RangeSaturateOnHopper's): TMA layouts (page sizes 8 to
 // 256, NHD / HND / interleaved),
-// lengths around the 128-key stage, windows with the pages before them released,
+// lengths around the 128- and 256-key stages, windows with the pages before them released,
 // sinks, soft-cap, verify rows (G * q_len up to the ring's 16) and the TP-8 rank's one
 // KV head; then split counts, each within an ulp of one split.
 TEST(GpuDecodePaths, Fp8CacheOnTheRing) {
@@ -69,7 +70,7 @@ TEST(GpuDecodePaths, Fp8CacheOnTheRing) {
       if (variant == 3) c.soft_cap = 30.0;
       if (variant == 4) c.q_len_per_req = 4;  // G 4 x 4 = 16 rows
       if (variant == 5) c.Hkv = 1;            // the TP-8 rank: G 8
-      c.kv_lens = {1, 127, 128, 129, 255, 257, 1000, 4097, 0, 9000};
+      c.kv_lens = {1, 127, 128, 129, 255, 256, 257, 513, 1000, 4097, 0, 9000};
       c.seed = 1500 + i++;
       check_case(c);
     }
