@@ -13,6 +13,10 @@
 #
 #   VARIANT=default bash bench/decode_ncu.sh [4 10 ...]
 #   VARIANT=portable NCU_KERNEL=decode_kernel bash bench/decode_ncu.sh 4 12
+#
+# NCU_SKIP / NCU_LAUNCHES (default 3 / 1): matching launches skipped, then profiled; the
+# decode kernel and its split merge of one call:
+#   VARIANT=default NCU_KERNEL='decode_sm90_kernel|decode_merge' NCU_SKIP=6 NCU_LAUNCHES=2 bash bench/decode_ncu.sh 6
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${VARIANT:-}" ]; then
@@ -23,7 +27,8 @@ if [ -n "${VARIANT:-}" ]; then
   [ ${#shapes[@]} -eq 0 ] && shapes=(4 10 12 8 6)
   for sh in "${shapes[@]}"; do
     echo "=== $VARIANT shape $sh"
-    timeout 120 "$ncu" --clock-control none -k "regex:${NCU_KERNEL:-decode_sm90_kernel}" --launch-skip 3 --launch-count 1 \
+    timeout 120 "$ncu" --clock-control none -k "regex:${NCU_KERNEL:-decode_sm90_kernel}" --launch-skip "${NCU_SKIP:-3}" \
+      --launch-count "${NCU_LAUNCHES:-1}" \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
       --section SchedulerStats --section Occupancy --section LaunchStats \
       "$bin" "$VARIANT" "${TMPDIR:-/tmp}/decode-ncu.jsonl" "$sh" 2>&1 | grep -v -E '^==PROF==|^\s*$|----'
