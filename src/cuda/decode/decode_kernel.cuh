@@ -11,7 +11,8 @@
 //      the requests' item counts itself, 128 requests at a time (no plan kernel), and
 //      loops over its items; a single-split request writes its output directly, others
 //      write unnormalised partials (O, m, l) into the workspace;
-//   2. decode_merge_kernel: combines the partials of split requests, the sink counted
+//   2. decode_merge_kernel (or, as an experiment, decode_merge_warp_kernel: policy.h
+//      kDecodeMergeWarp): combines the partials of split requests, the sink counted
 //      once, empty splits skipped. Where its code is sm_90 or later it is a programmatic
 //      dependent launch: its CTAs are resident before the decode grid ends and wait for
 //      it in griddepcontrol (merge_waits_for_grid).
@@ -260,15 +261,19 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a
   if (tid == 0 && a.lse != nullptr) a.lse[qrow * a.lse_row_stride + head * a.lse_head_stride] = lse;
 }
 
-/// decode_merge_kernel's merge with one warp per (query row, query head), four per CTA
+/// Warps (query rows x heads) per CTA of decode_merge_warp_kernel.
+constexpr int kMergeWarpsPerCta = 4;
+
+/// decode_merge_kernel's merge with one warp per (query row, query head)
 /// (decode/policy.h kDecodeMergeWarp): lane j holds the (m, l) of splits j, j + 32, ...
-/// and columns [kCols j, kCols j + kCols) of every split's partial. The first kU
-/// partials are loaded with the (m, l), so a merge of up to kU splits waits for memory
-/// once; no CTA barrier. Splits are added in split order: deterministic, not bitwise
+/// and columns [kCols j, kCols j + kCols) of every split's partial; the partials' loads
+/// of kU splits at a time do not wait for the weights (ptxas still places the first ones
+/// after the maximum's shuffles: two round trips, as decode_merge_kernel), and no CTA
+/// barrier is taken. Splits are added in split order: deterministic, not bitwise
 /// decode_merge_kernel's (another summation order).
 template <int D, class T>
-__global__ void __launch_bounds__(128) decode_merge_warp_kernel(const AttentionArgs a) {
-  constexpr int kWarps = 4, kCols = D / 32, kSlots = DecodeSplitPolicy::kMaxCap / 32, kU = 4;
+__global__ void __launch_bounds__(32 * kMergeWarpsPerCta) decode_merge_warp_kernel(const AttentionArgs a) {
+  constexpr int kWarps = kMergeWarpsPerCta, kCols = D / 32, kSlots = DecodeSplitPolicy::kMaxCap / 32, kU = 8;
   static_assert(kCols == 2 || kCols == 4 || kCols == 8, "D of 64, 128 or 256");
   __shared__ float weight[kWarps][DecodeSplitPolicy::kMaxCap];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -289,14 +294,14 @@ __global__ void __launch_bounds__(128) decode_merge_warp_kernel(const AttentionA
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       if (s0 + u < count) {
-        const float4* o = reinterpret_cast<const float4*>(a.ws_o + (slot0 + s0 + u) * D + kCols * lane);
+        const float* o = a.ws_o + (slot0 + s0 + u) * D + kCols * lane;
         if constexpr (kCols == 2) {
           const float2 v = *reinterpret_cast<const float2*>(o);
           x[u][0] = v.x, x[u][1] = v.y;
         } else {
 #pragma unroll
           for (int c = 0; c < kCols / 4; ++c) {
-            const float4 v = o[c];
+            const float4 v = reinterpret_cast<const float4*>(o)[c];
             x[u][4 * c] = v.x, x[u][4 * c + 1] = v.y, x[u][4 * c + 2] = v.z, x[u][4 * c + 3] = v.w;
           }
         }
@@ -341,8 +346,14 @@ __global__ void __launch_bounds__(128) decode_merge_warp_kernel(const AttentionA
   finalize_softmax(mx, z, a.sinks != nullptr ? a.sinks[head] * kLog2e : -INFINITY, a.bmm2_scale, scale, lse);
   T* out = static_cast<T*>(a.out) + qrow * a.out_row_stride + head * a.out_head_stride + kCols * lane;
 #pragma unroll
-  for (int c = 0; c < kCols; c += 2) {
-    *reinterpret_cast<uint32_t*>(out + c) = pack2<T>(acc[c] * scale, acc[c + 1] * scale);
+  for (int c = 0; c < kCols; ++c) acc[c] *= scale;
+  // out is 16-byte aligned with 16-byte strides (ops.cpp): one store of the lane's columns.
+  if constexpr (kCols == 8) {
+    *reinterpret_cast<uint4*>(out) = pack8<T>(acc);
+  } else if constexpr (kCols == 4) {
+    *reinterpret_cast<uint2*>(out) = make_uint2(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]));
+  } else {
+    *reinterpret_cast<uint32_t*>(out) = pack2<T>(acc[0], acc[1]);
   }
   if (lane == 0 && a.lse != nullptr) a.lse[qrow * a.lse_row_stride + head * a.lse_head_stride] = lse;
 }
@@ -379,8 +390,9 @@ template <int D, class T>
 void launch_decode_merge(const AttentionArgs& a, int device, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(a.batch) * a.q_len_per_req * a.num_q_heads;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(kDecodeMergeWarp ? (rows + 3) / 4 : rows));
-  cfg.blockDim = dim3(128);
+  constexpr int kPerCta = kDecodeMergeWarp ? kMergeWarpsPerCta : 1;  // (row, head) items per CTA
+  cfg.gridDim = dim3(static_cast<unsigned>((rows + kPerCta - 1) / kPerCta));
+  cfg.blockDim = dim3(kDecodeMergeWarp ? 32 * kMergeWarpsPerCta : 128);
   cfg.stream = stream;
   cudaLaunchAttribute pdl[1];
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
