@@ -11,8 +11,7 @@
 //      the requests' item counts itself, 128 requests at a time (no plan kernel), and
 //      loops over its items; a single-split request writes its output directly, others
 //      write unnormalised partials (O, m, l) into the workspace;
-//   2. decode_merge_kernel (or, as an experiment, decode_merge_warp_kernel: policy.h
-//      kDecodeMergeWarp): combines the partials of split requests, the sink counted
+//   2. decode_merge_kernel: combines the partials of split requests, the sink counted
 //      once, empty splits skipped. Where its code is sm_90 or later it is a programmatic
 //      dependent launch: its CTAs are resident before the decode grid ends and wait for
 //      it in griddepcontrol (merge_waits_for_grid).
@@ -261,138 +260,28 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a
   if (tid == 0 && a.lse != nullptr) a.lse[qrow * a.lse_row_stride + head * a.lse_head_stride] = lse;
 }
 
-/// Warps (query rows x heads) per CTA of decode_merge_warp_kernel.
-constexpr int kMergeWarpsPerCta = 4;
-
-/// decode_merge_kernel's merge with one warp per (query row, query head)
-/// (decode/policy.h kDecodeMergeWarp): lane j holds the (m, l) of splits j, j + 32, ...
-/// and columns [kCols j, kCols j + kCols) of every split's partial; the partials' loads
-/// of kU splits at a time do not wait for the weights (ptxas still places the first ones
-/// after the maximum's shuffles: two round trips, as decode_merge_kernel), and no CTA
-/// barrier is taken. Splits are added in split order: deterministic, not bitwise
-/// decode_merge_kernel's (another summation order).
-template <int D, class T>
-__global__ void __launch_bounds__(32 * kMergeWarpsPerCta) decode_merge_warp_kernel(const AttentionArgs a) {
-  constexpr int kWarps = kMergeWarpsPerCta, kCols = D / 32, kSlots = DecodeSplitPolicy::kMaxCap / 32, kU = 8;
-  static_assert(kCols == 2 || kCols == 4 || kCols == 8, "D of 64, 128 or 256");
-  __shared__ float weight[kWarps][DecodeSplitPolicy::kMaxCap];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode grid is done, its writes visible
-#endif
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t item = int64_t{blockIdx.x} * kWarps + warp;  // qrow * Hq + head
-  if (item >= int64_t{a.batch} * a.q_len_per_req * a.num_q_heads) return;
-  const int64_t qrow = item / a.num_q_heads;
-  const int head = static_cast<int>(item % a.num_q_heads);
-  const int b = static_cast<int>(qrow / a.q_len_per_req);
-  const int count = decode_split(a, max(a.seq_lens[b], 0)).count;
-  if (count <= 1) return;
-
-  const int64_t slot0 = item * a.max_splits;
-  float x[kU][kCols];
-  const auto load = [&](int s0) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      if (s0 + u < count) {
-        const float* o = a.ws_o + (slot0 + s0 + u) * D + kCols * lane;
-        if constexpr (kCols == 2) {
-          const float2 v = *reinterpret_cast<const float2*>(o);
-          x[u][0] = v.x, x[u][1] = v.y;
-        } else {
-#pragma unroll
-          for (int c = 0; c < kCols / 4; ++c) {
-            const float4 v = reinterpret_cast<const float4*>(o)[c];
-            x[u][4 * c] = v.x, x[u][4 * c + 1] = v.y, x[u][4 * c + 2] = v.z, x[u][4 * c + 3] = v.w;
-          }
-        }
-      }
-    }
-  };
-  load(0);
-  float2 ml[kSlots];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kSlots; ++j) {
-    const int s = lane + 32 * j;
-    ml[j] = s < count ? a.ws_ml[slot0 + s] : make_float2(-INFINITY, 0.0f);
-    mx = fmaxf(mx, ml[j].x);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float z = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kSlots; ++j) {
-    const float w = ml[j].x == -INFINITY ? 0.0f : fast_exp2(ml[j].x - mx);  // exact power of two
-    weight[warp][lane + 32 * j] = w;
-    z += ml[j].y * w;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
-  __syncwarp();
-
-  float acc[kCols] = {};
-  for (int s0 = 0; s0 < count; s0 += kU) {
-    if (s0 > 0) load(s0);
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const float ws = s0 + u < count ? weight[warp][s0 + u] : 0.0f;
-      if (ws > 0.0f) {  // a split that saw no key adds nothing
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) acc[c] += ws * x[u][c];
-      }
-    }
-  }
-  float scale, lse;
-  finalize_softmax(mx, z, a.sinks != nullptr ? a.sinks[head] * kLog2e : -INFINITY, a.bmm2_scale, scale, lse);
-  T* out = static_cast<T*>(a.out) + qrow * a.out_row_stride + head * a.out_head_stride + kCols * lane;
-#pragma unroll
-  for (int c = 0; c < kCols; ++c) acc[c] *= scale;
-  // out is 16-byte aligned with 16-byte strides (ops.cpp): one store of the lane's columns.
-  if constexpr (kCols == 8) {
-    *reinterpret_cast<uint4*>(out) = pack8<T>(acc);
-  } else if constexpr (kCols == 4) {
-    *reinterpret_cast<uint2*>(out) = make_uint2(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]));
-  } else {
-    *reinterpret_cast<uint32_t*>(out) = pack2<T>(acc[0], acc[1]);
-  }
-  if (lane == 0 && a.lse != nullptr) a.lse[qrow * a.lse_row_stride + head * a.lse_head_stride] = lse;
-}
-
-/// The merge kernel of launch_decode_merge (decode/policy.h kDecodeMergeWarp); only that
-/// one is instantiated.
-template <int D, class T>
-constexpr auto decode_merge() {
-  if constexpr (kDecodeMergeWarp) {
-    return decode_merge_warp_kernel<D, T>;
-  } else {
-    return decode_merge_kernel<D, T>;
-  }
-}
-
-/// Whether the merge kernel as loaded on `device` holds its griddepcontrol.wait, i.e.
-/// runs code generated for sm_90 or later (a build for 80;89 JIT-compiles its compute_89
-/// PTX on a Hopper, without the wait): only then may it be a programmatic dependent
-/// launch. Read once per (instantiation, device).
+/// Whether decode_merge_kernel<D, T> as loaded on `device` holds its griddepcontrol.wait,
+/// i.e. runs code generated for sm_90 or later (a build for 80;89 JIT-compiles its
+/// compute_89 PTX on a Hopper, without the wait): only then may it be a programmatic
+/// dependent launch. Read once per (instantiation, device).
 template <int D, class T>
 bool merge_waits_for_grid(int device) {
   static std::atomic<int> cache[kMaxDevices];
   return once_per_device(cache, device, [&] {
            cudaFuncAttributes attr{};
-           PAGEDMHA_CUDA_CHECK(cudaFuncGetAttributes(&attr, decode_merge<D, T>()));
+           PAGEDMHA_CUDA_CHECK(cudaFuncGetAttributes(&attr, decode_merge_kernel<D, T>));
            return attr.ptxVersion >= 90 && compute_capability(device) >= 90 ? 1 : 0;
          }) == 1;
 }
 
-/// The merge of the split requests' partials (one CTA, or with kDecodeMergeWarp one warp,
-/// per query row and head), a programmatic dependent of the decode grid where its code
-/// waits for it.
+/// The merge of the split requests' partials (one CTA per query row and head), a
+/// programmatic dependent of the decode grid where its code waits for it.
 template <int D, class T>
 void launch_decode_merge(const AttentionArgs& a, int device, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(a.batch) * a.q_len_per_req * a.num_q_heads;
   cudaLaunchConfig_t cfg{};
-  constexpr int kPerCta = kDecodeMergeWarp ? kMergeWarpsPerCta : 1;  // (row, head) items per CTA
-  cfg.gridDim = dim3(static_cast<unsigned>((rows + kPerCta - 1) / kPerCta));
-  cfg.blockDim = dim3(kDecodeMergeWarp ? 32 * kMergeWarpsPerCta : 128);
+  cfg.gridDim = dim3(static_cast<unsigned>(rows));
+  cfg.blockDim = dim3(128);
   cfg.stream = stream;
   cudaLaunchAttribute pdl[1];
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -401,7 +290,7 @@ void launch_decode_merge(const AttentionArgs& a, int device, cudaStream_t stream
     cfg.attrs = pdl;
     cfg.numAttrs = 1;
   }
-  PAGEDMHA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge<D, T>(), a));
+  PAGEDMHA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel<D, T>, a));
 }
 
 /// Resident CTAs per SM of decode_kernel<Tr> on the current device, computed once per

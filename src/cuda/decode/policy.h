@@ -45,16 +45,6 @@ struct DecodeSplitPolicy {
   }
 };
 
-/// Experiment: PAGEDMHA_DECODE_MERGE_WARP=1 merges split requests with one warp per
-/// (query row, head), four per CTA, every load of a merge issued at once
-/// (decode_merge_warp_kernel), instead of one 128-thread CTA per (row, head) with two CTA
-/// barriers. Not yet measured on the H200: the decode-swap notes put 10-22 us of a
-/// 64 x 4k call outside the decode kernel (docs/perf-notes/decode-swap.md).
-#ifndef PAGEDMHA_DECODE_MERGE_WARP
-#define PAGEDMHA_DECODE_MERGE_WARP 0
-#endif
-constexpr bool kDecodeMergeWarp = PAGEDMHA_DECODE_MERGE_WARP != 0;
-
 /// Shared memory budget of a decode CTA in KB (Q tile + K/V stages): 72 gives 2 stages
 /// of 32 KB and three CTAs per SM where the registers allow (bf16: ~167 per thread).
 /// Against 110 (3 stages, two CTAs per SM) it was within 0.5% or faster on 33 of the 42

@@ -15,7 +15,7 @@
 //     online_softmax.cuh, the variant of device_variant.cuh; fp8 caches stay raw in the
 //     ring and are converted in registers (common/fp8_fragments.cuh);
 //   * the item's epilogue merges the warps' (m, l, O) in a fixed order and writes o and
-//     lse (one split) or the partials that the merge kernel combines (decode_kernel.cuh).
+//     lse (one split) or the partials that decode_merge_kernel combines.
 #pragma once
 
 #include <cuda_runtime.h>
