@@ -207,11 +207,7 @@ struct DecodeWarp {
         Tile::load_q(a, DecodeRows{a, next.b, next.kv_head, 0, next.L}, lane, q_next);
       }
       float acc[NA][4];
-#pragma unroll
-      for (int i = 0; i < NA; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
-      }
+      Tile::zero(acc);
       OnlineSoftmax<typename Tile::Frag> smx;
       smx.init();
       if (it.t0 < it.t1) {

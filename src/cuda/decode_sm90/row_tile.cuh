@@ -45,6 +45,16 @@ struct RowTileBase {
   using QkT = std::conditional_t<Pol::kQkF16, __half, T>;
   using PvT = std::conditional_t<Pol::kFp8, __half, T>;  // P and V (fp8: fp16, fp8_fragments.cuh)
 
+  /// Accumulator fragments set to zero (S before Q K^T, O at an item's start).
+  template <int N>
+  __device__ static void zero(float (&x)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[i][e] = 0.0f;
+    }
+  }
+
   /// Q of row `r` (zero when padding) for k16 step kk: the pairs of k 2t, 2t + 1 (w = 0)
   /// and 2t + 8, 2t + 9 (w = 1): dims 16 kk + 2t and + 8 (m16n8k16), or 16 kk + 4t and
   /// + 2 in qk_fp8's order; in the query's dtype (to_qk converts).
@@ -107,11 +117,7 @@ struct RowTileM : RowTileBase<Pol, T> {
 
   /// S = Q K^T over the warp tile's KW keys.
   __device__ static void qk(const uint32_t (&q)[D / 16][NQ], uint32_t k_base, int warp, int lane, float (&s)[NS][4]) {
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[i][e] = 0.0f;
-    }
+    B::zero(s);
     if constexpr (Pol::kFp8) {
       const auto q_frag = [&](int chunk, int, uint32_t(&f)[4]) {
 #pragma unroll
@@ -211,11 +217,7 @@ struct RowTileN : RowTileBase<Pol, T> {
   /// S^T = K Q^T over the warp tile's KW keys: s[i] holds keys 16i + g (e = 0, 1) and
   /// 16i + g + 8 (e = 2, 3) of rows 2t (even e) and 2t + 1 (odd e).
   __device__ static void qk(const uint32_t (&q)[D / 16][NQ], uint32_t k_base, int warp, int lane, float (&s)[NS][4]) {
-#pragma unroll
-    for (int i = 0; i < NS; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[i][e] = 0.0f;
-    }
+    B::zero(s);
     if constexpr (Pol::kFp8) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; kk += 2) {
