@@ -49,6 +49,17 @@ __device__ __forceinline__ DecodeSplit decode_split(const AttentionArgs& a, int 
   return s;
 }
 
+/// The most splits a request of the call can have (host, from the arguments alone): the
+/// forced count, else the cap, or fewer when a window bounds every request's visible keys
+/// (window_left + q_len_per_req): a window of 127 keys never splits, and the merge kernel
+/// is not launched for it.
+inline int decode_max_split_count(const AttentionArgs& a) {
+  if (a.forced_splits > 0) return a.forced_splits;
+  if (a.mask.window_left < 0) return a.max_splits;
+  const int64_t keys = static_cast<int64_t>(a.mask.window_left) + a.q_len_per_req;
+  return static_cast<int>(std::clamp<int64_t>((keys + a.split_keys - 1) / a.split_keys, 1, a.max_splits));
+}
+
 /// Inclusive prefix sum of one value per thread over the CTA; ends with the CTA
 /// synchronised. `warp_sums`: shared [kThreads / 32].
 template <int kThreads>
@@ -175,6 +186,12 @@ __global__ void __launch_bounds__(Tr::kThreads) decode_kernel(const AttentionArg
   }
 }
 
+// Splits per thread whose partials are loaded together in the merge (an experiment
+// knob: bench/prefill_variants.sh KERNEL=decode).
+#ifndef PAGEDMHA_DECODE_MERGE_UNROLL
+#define PAGEDMHA_DECODE_MERGE_UNROLL 8
+#endif
+
 /// One CTA per (query row, query head) of requests with more than one split. Thread
 /// (g, c) adds splits g, g + kGroups, ... of the 8 columns [8c, 8c + 8), several loads
 /// in flight (the partials' latency, not their bytes, bounds a merge of many splits);
@@ -182,20 +199,23 @@ __global__ void __launch_bounds__(Tr::kThreads) decode_kernel(const AttentionArg
 /// exp2(m_s - M) an exact power of two; then finalize_softmax as the direct epilogue.
 template <int D, class T>
 __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a) {
-  constexpr int kThreads = 128, kChunks = D / 8, kGroups = kThreads / kChunks, kUnroll = 4;
+  constexpr int kThreads = 128, kChunks = D / 8, kGroups = kThreads / kChunks, kUnroll = PAGEDMHA_DECODE_MERGE_UNROLL;
   static_assert(DecodeSplitPolicy::kMaxCap <= kThreads, "one split's (m, l) per thread");
   __shared__ float weight[kThreads];
   __shared__ float red_m[kThreads / 32], red_l[kThreads / 32];
   __shared__ float4 part[kGroups][kChunks][2];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode grid is done, its writes visible
-#endif
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t item = blockIdx.x;  // qrow * Hq + head
   const int64_t qrow = item / a.num_q_heads;
   const int head = static_cast<int>(item % a.num_q_heads);
   const int b = static_cast<int>(qrow / a.q_len_per_req);
+  // The split count before the wait: the decode grid does not write seq_lens, so the
+  // length's load overlaps the grid's end. (Every CTA still waits: work after the merge
+  // in the stream may read what the decode grid wrote.)
   const int count = decode_split(a, max(a.seq_lens[b], 0)).count;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode grid is done, its writes visible
+#endif
   if (count <= 1) return;
 
   const int64_t slot0 = item * a.max_splits;
@@ -328,7 +348,7 @@ void launch_decode_config(AttentionArgs a, int device, int sm_count, cudaStream_
   using Tr = DecodeTraits<D, T, KV, WM>;
   a.split_tile = Tr::BN;
   a.row_chunks = ceil_div(a.group * a.q_len_per_req, Tr::M);
-  const int max_count = a.forced_splits > 0 ? a.forced_splits : a.max_splits;
+  const int max_count = decode_max_split_count(a);
   const int64_t max_items = static_cast<int64_t>(a.batch) * a.num_kv_heads * a.row_chunks * max_count;
   const int per_sm = resident_ctas_per_sm<Tr>(device);
   const int64_t grid = std::min<int64_t>(max_items, static_cast<int64_t>(per_sm) * sm_count);

@@ -53,7 +53,7 @@ bool run_decode_rows(const detail::AttentionProblem& prob, const AttentionArgs& 
                                                                       Pol::kThreads, Pol::kSmemBytes));
     return std::clamp(n, 1, Pol::kCtasPerSm);
   });
-  const int max_count = p.a.forced_splits > 0 ? p.a.forced_splits : p.a.max_splits;
+  const int max_count = decode_max_split_count(p.a);
   const int64_t max_items = static_cast<int64_t>(p.a.batch) * p.a.num_kv_heads * max_count;
   const int grid = static_cast<int>(std::min<int64_t>(max_items, int64_t{sm_count} * per_sm));
   if (grid == 0) return true;  // no request

@@ -5,7 +5,8 @@
 //   run (BN / 4 keys), or a 32-key run spans two 16-token pages (D = 64, fp8 D <= 128);
 //   other page sizes (8 with 16-key runs, 48) take one page id per row;
 // - runs that start mid-request: splits and sliding windows;
-// - more than 32 splits, merged by several passes of the merge CTA's split lanes;
+// - more than 32 splits, merged by several passes of the merge CTA's split lanes; a
+//   workspace reused across calls without refilling;
 // - batches past one 128-request chunk of the in-kernel item scan, with row chunks;
 // - fp8 caches on the Hopper decode's ring (decode_sm90/: raw fp8 stages of 128 keys, 256
 //   at D = 64 on the 8-row tile, in TMA's 128-byte / 64-byte swizzle, Q in the fp8
@@ -125,6 +126,50 @@ TEST(GpuDecodePaths, ManySplitsEveryHeadDim) {
     c.custom_sinks = {0.5, 2.0, -1.0, 3.0, 0.0, 1.0, -2.0, 4.0};
     c.seed = 1300 + i++;
     check_split_counts(c, {0, 40, 100, 128});
+  }
+}
+
+// A decode reads only what the call itself wrote to the workspace: one workspace filled
+// once with each byte pattern, then reused without refilling by calls of other split
+// counts (one split, a few, the cap, from the lengths), each against the oracle and
+// within an ulp of one split. A partial or statistic of an earlier call read as this
+// call's would give a stale result; the 0xFF fill reads as NaN.
+TEST(GpuDecodePaths, WorkspaceReusedWithoutRefill) {
+  REQUIRE_GPU();
+  int i = 0;
+  for (int D : {64, 128}) {
+    AttnCase c = gpu_case();
+    c.D = D;
+    c.Hq = 8, c.Hkv = 1;  // the 8-row tile
+    c.kv_lens = {5000, 1, 777, 3000};
+    c.with_lse = true;
+    c.sinks = SinkMode::custom;
+    c.custom_sinks = {0.5, 2.0, -1.0, 3.0, 0.0, 1.0, -2.0, 4.0};
+    c.seed = 1350 + i++;
+    const AttnProblem one = build(c);
+    const Reference ref = one.reference();
+    DeviceMirror dev;
+    run_gpu(one, dev, 1);
+    ASSERT_TRUE(check_attention(one, ref)) << describe(c) << " num_splits=1";
+    const size_t bytes = pagedmha::decode_workspace_size(gpu(), one.batch, 1, c.Hq, c.Hkv, D);
+    for (int pattern : {0x00, 0x01, 0x5A, 0xFF}) {
+      Buffer ws(bytes, gpu());
+      pagedmha::fill_bytes(ws.data(), gpu(), pattern, bytes);
+      for (int k : {5, 40, 0, 128, 2, 40}) {
+        const AttnProblem p = with_new_outputs(one);
+        AttnViews v = dev.views(p);
+        v.workspace = ws.bytes_view();
+        run_attention(p, v, k);
+        pagedmha::synchronize();
+        dev.download(p.out);
+        dev.download(p.lse);
+        const std::string what = describe(c) + " fill " + std::to_string(pattern) + " num_splits=" + std::to_string(k);
+        EXPECT_TRUE(check_attention(p, ref)) << what;
+        const RunDiff r = diff_runs(p, one);
+        EXPECT_TRUE(r.out_count == 0 && r.lse_count == 0) << what << ": " << r.out_count << " out, " << r.lse_count
+                                                          << " lse values differ from num_splits=1";
+      }
+    }
   }
 }
 
