@@ -186,20 +186,14 @@ __global__ void __launch_bounds__(Tr::kThreads) decode_kernel(const AttentionArg
   }
 }
 
-// Splits per thread whose partials are loaded together in the merge (an experiment
-// knob: bench/prefill_variants.sh KERNEL=decode).
-#ifndef PAGEDMHA_DECODE_MERGE_UNROLL
-#define PAGEDMHA_DECODE_MERGE_UNROLL 8
-#endif
-
 /// One CTA per (query row, query head) of requests with more than one split. Thread
-/// (g, c) adds splits g, g + kGroups, ... of the 8 columns [8c, 8c + 8), several loads
-/// in flight (the partials' latency, not their bytes, bounds a merge of many splits);
+/// (g, c) adds splits g, g + kGroups, ... of the 8 columns [8c, 8c + 8), kUnroll loads
+/// in flight (policy.h decode_merge_unroll; the sums' order does not depend on it) (the partials' latency, not their bytes, bounds a merge of many splits);
 /// the kGroups sums are then added in group order. Integer references make every weight
 /// exp2(m_s - M) an exact power of two; then finalize_softmax as the direct epilogue.
-template <int D, class T>
+template <int D, class T, int kUnroll>
 __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a) {
-  constexpr int kThreads = 128, kChunks = D / 8, kGroups = kThreads / kChunks, kUnroll = PAGEDMHA_DECODE_MERGE_UNROLL;
+  constexpr int kThreads = 128, kChunks = D / 8, kGroups = kThreads / kChunks;
   static_assert(DecodeSplitPolicy::kMaxCap <= kThreads, "one split's (m, l) per thread");
   __shared__ float weight[kThreads];
   __shared__ float red_m[kThreads / 32], red_l[kThreads / 32];
@@ -280,24 +274,24 @@ __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a
   if (tid == 0 && a.lse != nullptr) a.lse[qrow * a.lse_row_stride + head * a.lse_head_stride] = lse;
 }
 
-/// Whether decode_merge_kernel<D, T> as loaded on `device` holds its griddepcontrol.wait,
-/// i.e. runs code generated for sm_90 or later (a build for 80;89 JIT-compiles its
-/// compute_89 PTX on a Hopper, without the wait): only then may it be a programmatic
-/// dependent launch. Read once per (instantiation, device).
-template <int D, class T>
+/// Whether decode_merge_kernel<D, T, U> as loaded on `device` holds its
+/// griddepcontrol.wait, i.e. runs code generated for sm_90 or later (a build for 80;89
+/// JIT-compiles its compute_89 PTX on a Hopper, without the wait): only then may it be a
+/// programmatic dependent launch. Read once per (instantiation, device).
+template <int D, class T, int U>
 bool merge_waits_for_grid(int device) {
   static std::atomic<int> cache[kMaxDevices];
   return once_per_device(cache, device, [&] {
            cudaFuncAttributes attr{};
-           PAGEDMHA_CUDA_CHECK(cudaFuncGetAttributes(&attr, decode_merge_kernel<D, T>));
+           PAGEDMHA_CUDA_CHECK(cudaFuncGetAttributes(&attr, decode_merge_kernel<D, T, U>));
            return attr.ptxVersion >= 90 && compute_capability(device) >= 90 ? 1 : 0;
          }) == 1;
 }
 
 /// The merge of the split requests' partials (one CTA per query row and head), a
 /// programmatic dependent of the decode grid where its code waits for it.
-template <int D, class T>
-void launch_decode_merge(const AttentionArgs& a, int device, cudaStream_t stream) {
+template <int D, class T, int U>
+void launch_decode_merge_unrolled(const AttentionArgs& a, int device, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(a.batch) * a.q_len_per_req * a.num_q_heads;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(rows));
@@ -306,11 +300,22 @@ void launch_decode_merge(const AttentionArgs& a, int device, cudaStream_t stream
   cudaLaunchAttribute pdl[1];
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  if (merge_waits_for_grid<D, T>(device)) {
+  if (merge_waits_for_grid<D, T, U>(device)) {
     cfg.attrs = pdl;
     cfg.numAttrs = 1;
   }
-  PAGEDMHA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel<D, T>, a));
+  PAGEDMHA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel<D, T, U>, a));
+}
+
+/// The merge, with the loads in flight of policy.h decode_merge_unroll for the call's
+/// largest split count.
+template <int D, class T>
+void launch_decode_merge(const AttentionArgs& a, int device, cudaStream_t stream) {
+  if (decode_merge_unroll(decode_max_split_count(a)) == 8) {
+    launch_decode_merge_unrolled<D, T, 8>(a, device, stream);
+  } else {
+    launch_decode_merge_unrolled<D, T, 4>(a, device, stream);
+  }
 }
 
 /// Resident CTAs per SM of decode_kernel<Tr> on the current device, computed once per

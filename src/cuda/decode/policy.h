@@ -45,6 +45,16 @@ struct DecodeSplitPolicy {
   }
 };
 
+/// Splits per thread whose partials decode_merge_kernel loads together, for a call whose
+/// requests have at most `max_count` splits: 8 above 32 (one or two KV heads: up to 128
+/// splits, 16 per thread at D = 128, two round trips instead of four), else 4. Eight take
+/// 91 registers against 54, so five merge CTAs fit an SM instead of nine: a merge of
+/// 4096 CTAs with four splits each (gpt-oss 64 x 4k) runs more waves. H200 s19run6: 8
+/// everywhere took llama3-70b-tp8 1 x 32k from 14.2 to 12.5 us and 32 x 2k from 17.1 to
+/// 16.5, and gpt-oss 64 x 4k from 156.3 to 160.6 us, llama3-8b 256 x 2k from 517.7 to
+/// 525.3.
+constexpr int decode_merge_unroll(int max_count) { return max_count > 32 ? 8 : 4; }
+
 /// Shared memory budget of a decode CTA in KB (Q tile + K/V stages): 72 gives 2 stages
 /// of 32 KB and three CTAs per SM where the registers allow (bf16: ~167 per thread).
 /// Against 110 (3 stages, two CTAs per SM) it was within 0.5% or faster on 33 of the 42

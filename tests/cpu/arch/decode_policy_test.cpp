@@ -50,6 +50,18 @@ TEST(DecodePolicy, OneLongRequestFillsTheGpu) {
   }
 }
 
+// The merge keeps 8 splits' loads in flight only where a request can have more than 32
+// splits (one or two KV heads, cap 128); with 8 KV heads (cap 32) it keeps 4, as it
+// does for any call bounded to 32 splits (a window, a forced count).
+TEST(DecodePolicy, MergeUnrollFollowsTheSplitCap) {
+  EXPECT_EQ(pagedmha::cuda::decode_merge_unroll(DecodeSplitPolicy::make(128, 2, 1).max_splits), 8);
+  EXPECT_EQ(pagedmha::cuda::decode_merge_unroll(DecodeSplitPolicy::make(128, 2, 2).max_splits), 8);
+  EXPECT_EQ(pagedmha::cuda::decode_merge_unroll(DecodeSplitPolicy::make(64, 2, 8).max_splits), 4);
+  EXPECT_EQ(pagedmha::cuda::decode_merge_unroll(DecodeSplitPolicy::make(128, 2, 8).max_splits), 4);
+  EXPECT_EQ(pagedmha::cuda::decode_merge_unroll(1), 4);
+  EXPECT_EQ(pagedmha::cuda::decode_merge_unroll(33), 8);
+}
+
 // ops.h: batch * q_len_per_req * num_q_heads * C * (head_dim + 2) * 4 bytes (+ 16 of
 // alignment slack, added by decode_workspace_size).
 TEST(DecodePolicy, WorkspaceLayoutMatchesTheDocumentedFormula) {
