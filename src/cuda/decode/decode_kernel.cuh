@@ -187,9 +187,10 @@ __global__ void __launch_bounds__(Tr::kThreads) decode_kernel(const AttentionArg
 }
 
 /// One CTA per (query row, query head) of requests with more than one split. Thread
-/// (g, c) adds splits g, g + kGroups, ... of the 8 columns [8c, 8c + 8), kUnroll loads
-/// in flight (policy.h decode_merge_unroll; the sums' order does not depend on it) (the partials' latency, not their bytes, bounds a merge of many splits);
-/// the kGroups sums are then added in group order. Integer references make every weight
+/// (g, c) adds splits g, g + kGroups, ... of the 8 columns [8c, 8c + 8), with the loads
+/// of kUnroll splits in flight: the partials' latency, not their bytes, bounds a merge of
+/// many splits (policy.h decode_merge_unroll; the sums' order does not depend on it).
+/// The kGroups sums are then added in group order. Integer references make every weight
 /// exp2(m_s - M) an exact power of two; then finalize_softmax as the direct epilogue.
 template <int D, class T, int kUnroll>
 __global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a) {

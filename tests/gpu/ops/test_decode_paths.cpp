@@ -4,7 +4,8 @@
 // - the loader's run path: one page id per warp run when page_size is a multiple of the
 //   run (BN / 4 keys), or a 32-key run spans two 16-token pages (D = 64, fp8 D <= 128);
 //   other page sizes (8 with 16-key runs, 48) take one page id per row;
-// - runs that start mid-request: splits and sliding windows;
+// - runs that start mid-request: splits and sliding windows; windows at a split's size
+//   (one split and no merge launch, or two);
 // - more than 32 splits, merged by several passes of the merge CTA's split lanes; a
 //   workspace reused across calls without refilling;
 // - batches past one 128-request chunk of the in-kernel item scan, with row chunks;
@@ -15,6 +16,7 @@
 
 #include <random>
 
+#include "cuda/decode/policy.h"
 #include "gpu/ops/harness.h"
 
 namespace gpu_test {
@@ -160,7 +162,6 @@ TEST(GpuDecodePaths, WorkspaceReusedWithoutRefill) {
         AttnViews v = dev.views(p);
         v.workspace = ws.bytes_view();
         run_attention(p, v, k);
-        pagedmha::synchronize();
         dev.download(p.out);
         dev.download(p.lse);
         const std::string what = describe(c) + " fill " + std::to_string(pattern) + " num_splits=" + std::to_string(k);
@@ -168,6 +169,33 @@ TEST(GpuDecodePaths, WorkspaceReusedWithoutRefill) {
         const RunDiff r = diff_runs(p, one);
         EXPECT_TRUE(r.out_count == 0 && r.lse_count == 0) << what << ": " << r.out_count << " out, " << r.lse_count
                                                           << " lse values differ from num_splits=1";
+      }
+    }
+  }
+}
+
+// A window that bounds every request to one split launches no merge (decode_kernel.cuh
+// decode_max_split_count: window_left + q_len_per_req keys at most). Windows just under,
+// at and just over one split's keys, with 1, 2 and 4 queries per request, on both row
+// tiles and KV dtypes: a bound one key short would leave a split request unmerged.
+TEST(GpuDecodePaths, WindowsAtTheSplitBoundary) {
+  REQUIRE_GPU();
+  int i = 0;
+  for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+    for (int hkv : {1, 8}) {
+      const int S = pagedmha::cuda::DecodeSplitPolicy::make(128, kv == DType::fp8_e4m3 ? 1 : 2, hkv).split_keys;
+      for (int n : {1, 2, 4}) {
+        for (int W : {S - n - 1, S - n, S - n + 1, S - 1}) {
+          AttnCase c = gpu_case();
+          c.Hkv = hkv, c.Hq = hkv == 1 ? 8 : 32;
+          c.kv_dtype = kv;
+          if (kv == DType::fp8_e4m3) c.k_scale = 0.05, c.v_scale = 0.03;
+          c.q_len_per_req = n;
+          c.window_left = W;
+          c.kv_lens = {1, S / 2, S + 3, 3 * S};
+          c.seed = 1700 + i++;
+          check_case(c);
+        }
       }
     }
   }
