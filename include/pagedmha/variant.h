@@ -67,6 +67,10 @@ struct MaskVariant {
     return L - first_key(L, n);
   }
 
+  /// The most distinct keys the n queries of any request read (keys_read over every L):
+  /// window_left + n under a window, -1 (no bound) without one.
+  PAGEDMHA_HD int64_t max_keys_read(int64_t n) const { return window_left >= 0 ? window_left + max64(n, 0) : -1; }
+
   /// Visible (query, key) pairs of the n queries (PERFORMANCE.md's flop count), closed form.
   PAGEDMHA_HD int64_t pairs(int64_t L, int64_t n) const {
     if (L <= 0 || n <= 0) return 0;

@@ -49,15 +49,10 @@ __device__ __forceinline__ DecodeSplit decode_split(const AttentionArgs& a, int 
   return s;
 }
 
-/// The most splits a request of the call can have (host, from the arguments alone): the
-/// forced count, else the cap, or fewer when a window bounds every request's visible keys
-/// (window_left + q_len_per_req): a window of 127 keys never splits, and the merge kernel
-/// is not launched for it.
+/// The most splits a request of the call can have (host, from the arguments alone:
+/// policy.h decode_max_split_count at the mask's most keys per request).
 inline int decode_max_split_count(const AttentionArgs& a) {
-  if (a.forced_splits > 0) return a.forced_splits;
-  if (a.mask.window_left < 0) return a.max_splits;
-  const int64_t keys = static_cast<int64_t>(a.mask.window_left) + a.q_len_per_req;
-  return static_cast<int>(std::clamp<int64_t>((keys + a.split_keys - 1) / a.split_keys, 1, a.max_splits));
+  return decode_max_split_count(a.forced_splits, a.split_keys, a.max_splits, a.mask.max_keys_read(a.q_len_per_req));
 }
 
 /// Inclusive prefix sum of one value per thread over the CTA; ends with the CTA

@@ -45,6 +45,17 @@ struct DecodeSplitPolicy {
   }
 };
 
+/// The most splits of any request of a call whose requests each see at most `max_keys`
+/// keys (MaskVariant::max_keys_read; < 0: no bound), on the host: decode_split's count
+/// (decode_kernel.cuh: the forced count, else one split per split_keys keys, within
+/// [1, max_splits]) at max_keys, as it rises with the keys. It sizes the decode grid and
+/// decides whether the merge is launched: a window of 127 keys never splits.
+constexpr int decode_max_split_count(int forced, int split_keys, int max_splits, int64_t max_keys) {
+  if (forced > 0) return forced;
+  if (max_keys < 0) return max_splits;
+  return static_cast<int>(std::clamp<int64_t>((max_keys + split_keys - 1) / split_keys, 1, max_splits));
+}
+
 /// Splits per thread whose partials decode_merge_kernel loads together, for a call whose
 /// requests have at most `max_count` splits: 8 above 32 (one or two KV heads: up to 128
 /// splits, 16 per thread at D = 128, two round trips instead of four), else 4. Eight take

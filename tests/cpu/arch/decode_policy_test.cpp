@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/decode/policy.h"
+#include "pagedmha/variant.h"
 
 namespace {
 
@@ -48,6 +49,39 @@ TEST(DecodePolicy, OneLongRequestFillsTheGpu) {
     const int splits = std::min((32768 + p.split_keys - 1) / p.split_keys, p.max_splits);
     EXPECT_GE(hkv * splits, 128) << "Hkv " << hkv;
   }
+}
+
+// decode_max_split_count (the host's bound: grid size, merge launch or not) against the
+// split rule of decode_kernel.cuh decode_split written out here: the forced count, else
+// ceil(keys / split_keys) within [1, cap], keys = the request's distinct keys
+// (MaskVariant::keys_read). It must never be below a request's count (a split request
+// would go unmerged) and, under a window, is reached by a long enough request.
+TEST(DecodePolicy, MaxSplitCountBoundsEveryRequest) {
+  using pagedmha::MaskVariant;
+  const auto count = [](int forced, int split_keys, int cap, int64_t keys) {
+    if (forced > 0) return forced;
+    return static_cast<int>(std::min<int64_t>(std::max<int64_t>((keys + split_keys - 1) / split_keys, 1), cap));
+  };
+  for (int split_keys : {256, 1024}) {
+    for (int cap : {32, 128}) {
+      for (int forced : {0, 3}) {
+        for (int n : {1, 2, 4}) {
+          for (int w : {-1, 0, split_keys - n - 1, split_keys - n, split_keys - n + 1, split_keys - 1, 5000}) {
+            const MaskVariant m{true, w};
+            const int bound = pagedmha::cuda::decode_max_split_count(forced, split_keys, cap, m.max_keys_read(n));
+            int most = 0;
+            for (int64_t L = 0; L <= 3 * int64_t{cap} * split_keys; L += L < 4 * split_keys ? 1 : 97) {
+              most = std::max(most, count(forced, split_keys, cap, m.keys_read(L, n)));
+            }
+            EXPECT_EQ(bound, most) << "split_keys " << split_keys << " cap " << cap << " forced " << forced << " n "
+                                   << n << " w " << w;
+          }
+        }
+      }
+    }
+  }
+  // A window near INT_MAX: no overflow, the cap.
+  EXPECT_EQ(pagedmha::cuda::decode_max_split_count(0, 256, 128, MaskVariant{true, 2147483647}.max_keys_read(4)), 128);
 }
 
 // The merge keeps 8 splits' loads in flight only where a request can have more than 32

@@ -53,6 +53,30 @@ TEST(MaskVariant, RowsPairsAndKeysMatchBruteForce) {
   }
 }
 
+// max_keys_read bounds the distinct keys of any request's n queries (decode's host split
+// bound): the largest brute-force key set over the lengths L, attained once L is long
+// enough; no bound without a window.
+TEST(MaskVariant, MaxKeysReadIsTheLargestKeySetOverLengths) {
+  for (bool causal : {true, false}) {
+    for (int n : {1, 2, 4}) {
+      EXPECT_EQ((MaskVariant{causal, -1}.max_keys_read(n)), -1);
+      for (int w : {0, 1, 7, 127}) {
+        int64_t most = 0;
+        for (int L = 1; L <= 200; ++L) {
+          std::set<int64_t> keys;
+          for (int i = 0; i < n; ++i) {
+            for (int64_t j = 0; j < L; ++j) {
+              if (visible(causal, w, L, int64_t{L} - n + i, j)) keys.insert(j);
+            }
+          }
+          most = std::max(most, static_cast<int64_t>(keys.size()));
+        }
+        EXPECT_EQ((MaskVariant{causal, w}.max_keys_read(n)), most) << causal << " n=" << n << " w=" << w;
+      }
+    }
+  }
+}
+
 // A tile's union holds every key one of its rows sees; its common span only keys all of
 // them see (tiles inside it run without the mask).
 TEST(MaskVariant, TileUnionAndCommonSpans) {
