@@ -174,10 +174,11 @@ TEST(GpuDecodePaths, WorkspaceReusedWithoutRefill) {
   }
 }
 
-// A window that bounds every request to one split launches no merge (decode_kernel.cuh
-// decode_max_split_count at MaskVariant::max_keys_read, window_left + q_len_per_req). Windows just under,
-// at and just over one split's keys, with 1, 2 and 4 queries per request, on both row
-// tiles and KV dtypes: a bound one key short would leave a split request unmerged.
+// A window that bounds every request to one split launches no merge (policy.h
+// decode_max_split_count at MaskVariant::max_keys_read: window_left + q_len_per_req
+// keys). Windows just under, at and just over one split's keys, with 1, 2 and 4 queries
+// per request, on both row tiles and KV dtypes: a bound one key short would leave a
+// split request unmerged.
 TEST(GpuDecodePaths, WindowsAtTheSplitBoundary) {
   REQUIRE_GPU();
   int i = 0;
