@@ -32,6 +32,7 @@ AttentionArgs make_attention_args(const detail::AttentionProblem& p) {
   a.group = p.num_q_heads / p.num_kv_heads;
   a.q_len_per_req = p.q_len_per_req;
   a.page_size = p.kv.page_size;
+  a.seq_len_bound = static_cast<int64_t>(p.page_table_cols) * p.kv.page_size;
   a.logit_scale_log2 = p.bmm1_scale * kLog2e;
   if (p.logits_soft_cap > 0.0f) {
     a.cap_inner = p.bmm1_scale / p.logits_soft_cap;

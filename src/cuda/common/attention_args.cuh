@@ -49,6 +49,10 @@ struct AttentionArgs {
   float2* ws_ml;  // [rows * Hq, max_splits]: (m, l) in log2 units
 
   bool q_fp8;  // q is fp8 e4m3 (only with an fp8 cache): converted to T when loaded
+
+  // Host only: no request has more keys than its page-table row covers,
+  // page_table_cols * page_size (docs/semantics.md 8.1); bounds the decode's split count.
+  int64_t seq_len_bound;
 };
 
 /// One query row of a CTA's tile: which (token row, head) it is and its visible keys

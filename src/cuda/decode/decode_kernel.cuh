@@ -11,10 +11,9 @@
 //      the requests' item counts itself, 128 requests at a time (no plan kernel), and
 //      loops over its items; a single-split request writes its output directly, others
 //      write unnormalised partials (O, m, l) into the workspace;
-//   2. decode_merge_kernel: combines the partials of split requests, the sink counted
-//      once, empty splits skipped. Where its code is sm_90 or later it is a programmatic
-//      dependent launch: its CTAs are resident before the decode grid ends and wait for
-//      it in griddepcontrol (merge_waits_for_grid).
+//   2. the merge (merge_kernel.cuh): combines the partials of split requests, the sink
+//      counted once, empty splits skipped; a programmatic dependent launch where its code
+//      is sm_90 or later.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,34 +25,11 @@
 #include "cuda/common/arch.h"
 #include "cuda/common/attention_mainloop.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/decode/merge_kernel.cuh"
 #include "cuda/decode/policy.h"
+#include "cuda/decode/split.cuh"
 
 namespace pagedmha::cuda {
-
-/// A request's split-KV decomposition: its key tiles [t0, t0 + nt) (tiles of a.split_tile
-/// keys covering the keys any of its queries can see) and the split count.
-struct DecodeSplit {
-  int t0, nt, count;
-};
-
-/// Depends only on L and the problem's constants (never the batch).
-__device__ __forceinline__ DecodeSplit decode_split(const AttentionArgs& a, int L) {
-  const int tile = a.split_tile;
-  const int first = static_cast<int>(a.mask.first_key(L, a.q_len_per_req));
-  DecodeSplit s;
-  s.t0 = first / tile;
-  s.nt = max((L + tile - 1) / tile - s.t0, 0);
-  const int keys = max(L - first, 0);
-  const int want = a.forced_splits > 0 ? a.forced_splits : (keys + a.split_keys - 1) / a.split_keys;
-  s.count = max(1, min(want, a.max_splits));
-  return s;
-}
-
-/// The most splits a request of the call can have (host, from the arguments alone:
-/// policy.h decode_max_split_count at the mask's most keys per request).
-inline int decode_max_split_count(const AttentionArgs& a) {
-  return decode_max_split_count(a.forced_splits, a.split_keys, a.max_splits, a.mask.max_keys_read(a.q_len_per_req));
-}
 
 /// Inclusive prefix sum of one value per thread over the CTA; ends with the CTA
 /// synchronised. `warp_sums`: shared [kThreads / 32].
@@ -178,139 +154,6 @@ __global__ void __launch_bounds__(Tr::kThreads) decode_kernel(const AttentionArg
       decode_item<Tr>(a, sm, base + j, item - req_prefix[j]);
       __syncthreads();  // the epilogue's shared memory is the next item's
     }
-  }
-}
-
-/// One CTA per (query row, query head) of requests with more than one split. Thread
-/// (g, c) adds splits g, g + kGroups, ... of the 8 columns [8c, 8c + 8), with the loads
-/// of kUnroll splits in flight: the partials' latency, not their bytes, bounds a merge of
-/// many splits (policy.h decode_merge_unroll; the sums' order does not depend on it).
-/// The kGroups sums are then added in group order. Integer references make every weight
-/// exp2(m_s - M) an exact power of two; then finalize_softmax as the direct epilogue.
-template <int D, class T, int kUnroll>
-__global__ void __launch_bounds__(128) decode_merge_kernel(const AttentionArgs a) {
-  constexpr int kThreads = 128, kChunks = D / 8, kGroups = kThreads / kChunks;
-  static_assert(DecodeSplitPolicy::kMaxCap <= kThreads, "one split's (m, l) per thread");
-  __shared__ float weight[kThreads];
-  __shared__ float red_m[kThreads / 32], red_l[kThreads / 32];
-  __shared__ float4 part[kGroups][kChunks][2];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t item = blockIdx.x;  // qrow * Hq + head
-  const int64_t qrow = item / a.num_q_heads;
-  const int head = static_cast<int>(item % a.num_q_heads);
-  const int b = static_cast<int>(qrow / a.q_len_per_req);
-  // The split count before the wait: the decode grid does not write seq_lens, so the
-  // length's load overlaps the grid's end. (Every CTA still waits: work after the merge
-  // in the stream may read what the decode grid wrote.)
-  const int count = decode_split(a, max(a.seq_lens[b], 0)).count;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // the decode grid is done, its writes visible
-#endif
-  if (count <= 1) return;
-
-  const int64_t slot0 = item * a.max_splits;
-  const float2 ml = tid < count ? a.ws_ml[slot0 + tid] : make_float2(-INFINITY, 0.0f);
-  float mx = ml.x;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if (lane == 0) red_m[warp] = mx;
-  __syncthreads();
-  mx = fmaxf(fmaxf(red_m[0], red_m[1]), fmaxf(red_m[2], red_m[3]));
-  const float w = ml.x == -INFINITY ? 0.0f : fast_exp2(ml.x - mx);  // exact power of two
-  weight[tid] = w;
-  float z = ml.y * w;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
-  if (lane == 0) red_l[warp] = z;
-  __syncthreads();
-  const float l_sum = (red_l[0] + red_l[1]) + (red_l[2] + red_l[3]);
-
-  const int g = tid / kChunks, c = tid % kChunks;
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int s0 = g; s0 < count; s0 += kGroups * kUnroll) {
-    float4 x[kUnroll][2];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int s = s0 + u * kGroups;
-      if (s < count) {
-        const float4* o = reinterpret_cast<const float4*>(a.ws_o + (slot0 + s) * D + 8 * c);
-        x[u][0] = o[0];
-        x[u][1] = o[1];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int s = s0 + u * kGroups;
-      const float ws = s < count ? weight[s] : 0.0f;
-      if (ws > 0.0f) {  // a split that saw no key adds nothing
-        acc[0] += ws * x[u][0].x, acc[1] += ws * x[u][0].y, acc[2] += ws * x[u][0].z, acc[3] += ws * x[u][0].w;
-        acc[4] += ws * x[u][1].x, acc[5] += ws * x[u][1].y, acc[6] += ws * x[u][1].z, acc[7] += ws * x[u][1].w;
-      }
-    }
-  }
-  part[g][c][0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-  part[g][c][1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-  __syncthreads();
-
-  float scale, lse;
-  finalize_softmax(mx, l_sum, a.sinks != nullptr ? a.sinks[head] * kLog2e : -INFINITY, a.bmm2_scale, scale, lse);
-  if (tid < kChunks) {
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-    for (int gg = 0; gg < kGroups; ++gg) {
-      const float4 p0 = part[gg][tid][0], p1 = part[gg][tid][1];
-      v[0] += p0.x, v[1] += p0.y, v[2] += p0.z, v[3] += p0.w;
-      v[4] += p1.x, v[5] += p1.y, v[6] += p1.z, v[7] += p1.w;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] *= scale;
-    T* out = static_cast<T*>(a.out) + qrow * a.out_row_stride + head * a.out_head_stride;
-    *reinterpret_cast<uint4*>(out + 8 * tid) = pack8<T>(v);
-  }
-  if (tid == 0 && a.lse != nullptr) a.lse[qrow * a.lse_row_stride + head * a.lse_head_stride] = lse;
-}
-
-/// Whether decode_merge_kernel<D, T, U> as loaded on `device` holds its
-/// griddepcontrol.wait, i.e. runs code generated for sm_90 or later (a build for 80;89
-/// JIT-compiles its compute_89 PTX on a Hopper, without the wait): only then may it be a
-/// programmatic dependent launch. Read once per (instantiation, device).
-template <int D, class T, int U>
-bool merge_waits_for_grid(int device) {
-  static std::atomic<int> cache[kMaxDevices];
-  return once_per_device(cache, device, [&] {
-           cudaFuncAttributes attr{};
-           PAGEDMHA_CUDA_CHECK(cudaFuncGetAttributes(&attr, decode_merge_kernel<D, T, U>));
-           return attr.ptxVersion >= 90 && compute_capability(device) >= 90 ? 1 : 0;
-         }) == 1;
-}
-
-/// The merge of the split requests' partials (one CTA per query row and head), a
-/// programmatic dependent of the decode grid where its code waits for it.
-template <int D, class T, int U>
-void launch_decode_merge_unrolled(const AttentionArgs& a, int device, cudaStream_t stream) {
-  const int64_t rows = static_cast<int64_t>(a.batch) * a.q_len_per_req * a.num_q_heads;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows));
-  cfg.blockDim = dim3(128);
-  cfg.stream = stream;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  if (merge_waits_for_grid<D, T, U>(device)) {
-    cfg.attrs = pdl;
-    cfg.numAttrs = 1;
-  }
-  PAGEDMHA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel<D, T, U>, a));
-}
-
-/// The merge, with the loads in flight of policy.h decode_merge_unroll for the call's
-/// largest split count.
-template <int D, class T>
-void launch_decode_merge(const AttentionArgs& a, int device, cudaStream_t stream) {
-  if (decode_merge_unroll(decode_max_split_count(a)) == 8) {
-    launch_decode_merge_unrolled<D, T, 8>(a, device, stream);
-  } else {
-    launch_decode_merge_unrolled<D, T, 4>(a, device, stream);
   }
 }
 

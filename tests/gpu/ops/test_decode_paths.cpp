@@ -7,13 +7,15 @@
 // - runs that start mid-request: splits and sliding windows; windows at a split's size
 //   (one split and no merge launch, or two);
 // - more than 32 splits, merged by several passes of the merge CTA's split lanes; a
-//   workspace reused across calls without refilling;
+//   workspace reused across calls without refilling; the merge by warp against the merge
+//   by CTA, bitwise;
 // - batches past one 128-request chunk of the in-kernel item scan, with row chunks;
 // - fp8 caches on the Hopper decode's ring (decode_sm90/: raw fp8 stages of 128 keys, 256
 //   at D = 64 on the 8-row tile, in TMA's 128-byte / 64-byte swizzle, Q in the fp8
 //   fragments' dim order), on both row tiles (8 rows, and 16 for G 4 x q_len 4).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "cuda/decode/policy.h"
@@ -196,6 +198,65 @@ TEST(GpuDecodePaths, WindowsAtTheSplitBoundary) {
           c.kv_lens = {1, S / 2, S + 3, 3 * S};
           c.seed = 1700 + i++;
           check_case(c);
+        }
+      }
+    }
+  }
+}
+
+// The merge by warp (merge_kernel.cuh, for calls whose page-table width bounds every
+// request to decode_merge_warp_max_splits(D) splits) gives bitwise the merge by CTA's
+// out and lse: the same problem behind the same table narrowed to the columns the
+// lengths need (warp) and at its full width (CTA). Every head dim, bf16 and fp8, one and
+// eight KV heads, sinks, 1 and 2 queries per request, split counts 1 to the warp's most;
+// both runs against the oracle.
+TEST(GpuDecodePaths, MergeByWarpIsTheCtaMergeToTheBit) {
+  REQUIRE_GPU();
+  namespace pc = pagedmha::cuda;
+  int i = 0;
+  for (int D : {64, 128, 256}) {
+    for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+      if (kv == DType::fp8_e4m3 && D == 256) continue;
+      for (int hkv : {1, 8}) {
+        for (int n : {1, 2}) {
+          AttnCase c = gpu_case();
+          c.D = D;
+          c.Hkv = hkv, c.Hq = hkv == 1 ? 8 : (D == 64 ? 64 : 32);
+          c.kv_dtype = kv;
+          if (kv == DType::fp8_e4m3) c.k_scale = 0.05, c.v_scale = 0.03;
+          c.q_len_per_req = n;
+          c.with_lse = true;
+          c.sinks = SinkMode::mixed;
+          const pc::DecodeSplitPolicy pol = pc::DecodeSplitPolicy::make(D, kv == DType::fp8_e4m3 ? 1 : 2, hkv);
+          const int S = pol.split_keys, K = pc::decode_merge_warp_max_splits(D);
+          c.kv_lens = {K * S, (K - 1) * S + 1, 0, 2 * S + 7, S + 1, S, 1};
+          const int needed = K * S / c.page_size;  // columns of the longest request
+          c.extra_cols = needed;                   // the full table: twice as wide
+          c.seed = 1800 + i++;
+          const AttnProblem cta = build(c);
+          ASSERT_EQ(cta.cols, 2 * needed);
+          // What each width selects (policy.h decode_max_split_count at the table's keys).
+          ASSERT_FALSE(pc::decode_merge_by_warp(D, pc::decode_max_split_count(0, S, pol.max_splits, int64_t{cta.cols} * c.page_size)));
+          ASSERT_TRUE(pc::decode_merge_by_warp(D, pc::decode_max_split_count(0, S, pol.max_splits, int64_t{needed} * c.page_size)));
+          const Reference ref = cta.reference();
+          DeviceMirror dev;
+          run_gpu(cta, dev);
+          EXPECT_TRUE(check_attention(cta, ref)) << describe(c) << " full table";
+          const AttnProblem warp = with_new_outputs(cta);
+          AttnViews v = dev.views(warp);
+          v.page_table = v.page_table.slice(1, 0, needed);
+          launch(warp, v);
+          dev.download(warp.out);
+          dev.download(warp.lse);
+          EXPECT_TRUE(check_attention(warp, ref)) << describe(c) << " narrowed table";
+          int64_t differ = 0;
+          for (int r = 0; r < cta.rows; ++r)
+            for (int h = 0; h < c.Hq; ++h) {
+              differ += std::memcmp(cta.lse.at({r, h}), warp.lse.at({r, h}), 4) != 0;
+              for (int d = 0; d < D; ++d)
+                differ += std::memcmp(cta.out.at({r, h, d}), warp.out.at({r, h, d}), elem_size(cta.out.dtype)) != 0;
+            }
+          EXPECT_EQ(differ, 0) << describe(c) << ": out or lse values differ between the merges";
         }
       }
     }
