@@ -26,6 +26,10 @@
 #include "cuda/decode/decode_kernel.cuh"
 #include "cuda/decode_sm90/launch.cuh"
 
+#ifndef PAGEDMHA_BENCH_TABLE_KEYS
+#define PAGEDMHA_BENCH_TABLE_KEYS 0
+#endif
+
 namespace pagedmha::cuda {
 // decode_sm90/launch.cuh declares the merges extern (the library instantiates them in
 // decode_hd*.cu); this binary has no other translation unit.
@@ -59,6 +63,9 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
   constexpr int64_t kv_es = sizeof(KV);
   const int B = s.batch, L = s.ctx, P = s.page;
   const int cols = (L + P - 1) / P;
+  // Page-table width: the columns the lengths need, or (PAGEDMHA_BENCH_TABLE_KEYS) a
+  // table as wide as an engine's CUDA-graph tables (the unused columns hold page 0).
+  const int tcols = std::max(cols, PAGEDMHA_BENCH_TABLE_KEYS / P);
   // Only the columns a decode row reads get pages (docs/semantics.md 8.1: the rest may
   // hold anything); each copy of the page tables has its own pages.
   const int first_col = s.window >= 0 ? std::max(0, L - 1 - s.window) / P : 0;
@@ -80,10 +87,10 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
   std::vector<int32_t> ids(copies * live);
   std::iota(ids.begin(), ids.end(), 1);
   std::shuffle(ids.begin(), ids.end(), std::mt19937(7));  // random page order
-  std::vector<int32_t> tables(int64_t{copies} * B * cols, 0), lens(B, L);
+  std::vector<int32_t> tables(int64_t{copies} * B * tcols, 0), lens(B, L);
   for (int64_t c = 0, next = 0; c < copies; ++c) {
     for (int b = 0; b < B; ++b) {
-      for (int j = first_col; j < cols; ++j) tables[(c * B + b) * cols + j] = ids[next++];
+      for (int j = first_col; j < cols; ++j) tables[(c * B + b) * tcols + j] = ids[next++];
     }
   }
   int32_t *d_tables, *d_lens;
@@ -102,8 +109,8 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
 
   detail::AttentionProblem p =
       variants::bf16_problem(q, o, s.hq, s.hkv, D, k, v, kFp8 ? DType::fp8_e4m3 : DType::bf16, P, num_pages);
-  p.page_table_row_stride = cols;
-  p.page_table_cols = cols;
+  p.page_table_row_stride = tcols;
+  p.page_table_cols = tcols;
   p.seq_lens = d_lens;
   p.batch = B;
   p.num_rows = B;
@@ -116,7 +123,7 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
   p.stream = stream;
   // batch_decode's path for this one instantiation (decode.cu).
   const auto launch = [&](int copy) {
-    p.page_table = d_tables + int64_t{copy} * B * cols;
+    p.page_table = d_tables + int64_t{copy} * B * tcols;
     const AttentionArgs a = decode_args(p);
     bool done = false;
     if (sm90::kDecodeSm90 && (!kFp8 || sm90::kDecodeSm90Fp8) && kernel_path(0) == KernelPath::sm90) {

@@ -12,7 +12,8 @@
 #   (default variants: the set below; SHAPES: indices into the binary's shape list, default
 #   all; RUN_TIMEOUT: seconds per variant and round, default 120; BASE: also build the same benchmark source against another tree's src/ and include/,
 #   variant "base" (a commit is exported with git archive; where .git does not travel, export
-#   it beforehand: git archive <commit> src include | tar x -C <dir>); ROUNDS: run the whole
+#   it beforehand: git archive <commit> src include | tar x -C <dir>; BASE_FLAGS: its
+#   compile flags, default none); ROUNDS: run the whole
 #   variant list that many times, interleaved, default 1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,7 +61,7 @@ if [ -n "${BASE:-}" ]; then
     git archive "$BASE" src include | tar x -C "$base_src" || { echo "prefill_variants: cannot export $BASE" >&2; exit 2; }
   fi
   base_src=$(cd "$base_src" && pwd)
-  build base "" "$base_src" &
+  build base "${BASE_FLAGS:-}" "$base_src" &
   names+=(base)
 fi
 for v in "${variants[@]}"; do

@@ -66,32 +66,35 @@ constexpr int decode_max_split_count(int forced, int split_keys, int max_splits,
 /// 525.3.
 constexpr int decode_merge_unroll(int max_count) { return max_count > 32 ? 8 : 4; }
 
-// Experiment override: PAGEDMHA_DECODE_MERGE_BY_WARP=0 merges every call by CTA.
+/// Threads of a merge CTA (merge_kernel.cuh): four warps, each merging a row (query row
+/// and head) of few splits, or all of them one row of many (thread (g, c) adding the
+/// splits g, g + groups, ... of 8 columns, groups = 128 / (D / 8)).
+constexpr int kDecodeMergeWarps = 4;
+constexpr int kDecodeMergeThreads = 32 * kDecodeMergeWarps;
+
+/// Most splits of a row that one warp merges: the CTA's thread groups (one load of each
+/// split per lane in flight at most twice over at D = 64; the CTA rows sum in the same
+/// order, so either merge gives the row bitwise the same result). A CTA of 128 threads
+/// for a row of 2-8 splits left most of them idle: one per row was 4096 CTAs at gpt-oss
+/// 64 x 4k (13 us serialized, H200 s19run1).
+constexpr int decode_merge_warp_max_splits(int head_dim) { return kDecodeMergeThreads / (head_dim / 8); }
+
+// Experiment override: PAGEDMHA_DECODE_MERGE_BY_WARP=0 launches a merge CTA per row
+// whatever the bound (as for a page table wider than the lengths need).
 #ifndef PAGEDMHA_DECODE_MERGE_BY_WARP
 #define PAGEDMHA_DECODE_MERGE_BY_WARP 1
 #endif
 
-/// Threads of a decode_merge_kernel CTA (one query row and head); thread (g, c) adds
-/// the splits g, g + groups, ... of 8 columns, groups = 128 / (D / 8).
-constexpr int kDecodeMergeThreads = 128;
-
-/// Most splits the one-warp-per-row merge (decode_merge_warp_kernel) takes: the CTA
-/// merge's thread groups, so that every group holds at most one split and the warp's
-/// sums, in split order, are the CTA's to the bit (a request's result must not depend on
-/// which merge its batch's longest request chose).
-constexpr int decode_merge_warp_max_splits(int head_dim) { return kDecodeMergeThreads / (head_dim / 8); }
-
-/// Whether a call whose requests have at most `max_count` splits merges one warp per
-/// (query row, head) rather than one CTA: a CTA of 128 threads for a row of 2-8 splits
-/// leaves most of its threads idle and runs 4096 CTAs at gpt-oss 64 x 4k (13 us
-/// serialized, H200 s19run1), more than a wave; a warp loads all its splits' partials
-/// at once.
+/// Whether no row of a call whose requests have at most `max_count` splits needs a CTA
+/// (then the merge grid is a CTA per four rows, else one per row).
 constexpr bool decode_merge_by_warp(int head_dim, int max_count) {
   return PAGEDMHA_DECODE_MERGE_BY_WARP != 0 && max_count <= decode_merge_warp_max_splits(head_dim);
 }
 
-/// Warps per CTA of the one-warp-per-row merge.
-constexpr int kDecodeMergeWarps = 4;
+/// CTAs of the merge of `rows` rows (query rows x query heads).
+constexpr int decode_merge_ctas(int head_dim, int max_count, int rows) {
+  return decode_merge_by_warp(head_dim, max_count) ? (rows + kDecodeMergeWarps - 1) / kDecodeMergeWarps : rows;
+}
 
 /// Shared memory budget of a decode CTA in KB (Q tile + K/V stages): 72 gives 2 stages
 /// of 32 KB and three CTAs per SM where the registers allow (bf16: ~167 per thread).

@@ -7,8 +7,7 @@
 // - runs that start mid-request: splits and sliding windows; windows at a split's size
 //   (one split and no merge launch, or two);
 // - more than 32 splits, merged by several passes of the merge CTA's split lanes; a
-//   workspace reused across calls without refilling; the merge by warp against the merge
-//   by CTA, bitwise;
+//   workspace reused across calls without refilling; the merge's two grids, bitwise;
 // - batches past one 128-request chunk of the in-kernel item scan, with row chunks;
 // - fp8 caches on the Hopper decode's ring (decode_sm90/: raw fp8 stages of 128 keys, 256
 //   at D = 64 on the 8-row tile, in TMA's 128-byte / 64-byte swizzle, Q in the fp8
@@ -204,13 +203,13 @@ TEST(GpuDecodePaths, WindowsAtTheSplitBoundary) {
   }
 }
 
-// The merge by warp (merge_kernel.cuh, for calls whose page-table width bounds every
-// request to decode_merge_warp_max_splits(D) splits) gives bitwise the merge by CTA's
-// out and lse: the same problem behind the same table narrowed to the columns the
-// lengths need (warp) and at its full width (CTA). Every head dim, bf16 and fp8, one and
-// eight KV heads, sinks, 1 and 2 queries per request, split counts 1 to the warp's most;
-// both runs against the oracle.
-TEST(GpuDecodePaths, MergeByWarpIsTheCtaMergeToTheBit) {
+// The merge's two grids (merge_kernel.cuh) give bitwise the same out and lse: a CTA per
+// four rows where the page table bounds every request to the splits a warp merges (the
+// table narrowed to the columns the lengths need), a CTA per row where it does not (the
+// same table at full width). Every head dim, bf16 and fp8, one and eight KV heads, sinks,
+// 1 and 2 queries per request, split counts 1 to a warp's most; both runs against the
+// oracle.
+TEST(GpuDecodePaths, MergeGridsAgreeToTheBit) {
   REQUIRE_GPU();
   namespace pc = pagedmha::cuda;
   int i = 0;
@@ -256,7 +255,7 @@ TEST(GpuDecodePaths, MergeByWarpIsTheCtaMergeToTheBit) {
               for (int d = 0; d < D; ++d)
                 differ += std::memcmp(cta.out.at({r, h, d}), warp.out.at({r, h, d}), elem_size(cta.out.dtype)) != 0;
             }
-          EXPECT_EQ(differ, 0) << describe(c) << ": out or lse values differ between the merges";
+          EXPECT_EQ(differ, 0) << describe(c) << ": out or lse values differ between the merge grids";
         }
       }
     }
