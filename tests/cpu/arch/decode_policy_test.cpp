@@ -96,6 +96,30 @@ TEST(DecodePolicy, MergeUnrollFollowsTheSplitCap) {
   EXPECT_EQ(pagedmha::cuda::decode_merge_unroll(33), 8);
 }
 
+// The merge grid reaches every row (merge_kernel.cuh: CTA i merges by warp rows
+// 4i..4i+3 of few splits, and by CTA row i of more): a CTA per four rows only where no
+// row can have more splits than a warp merges (D = 64: 16, 128: 8, 256: 4: the CTA's
+// thread groups, so that a row's sums are the same by either), else a CTA per row; and
+// no CTA without a row.
+TEST(DecodePolicy, MergeGridReachesEveryRow) {
+  using namespace pagedmha::cuda;
+  for (int d : {64, 128, 256}) {
+    const int warp_max = decode_merge_warp_max_splits(d);
+    EXPECT_EQ(warp_max, kDecodeMergeThreads / (d / 8)) << "D " << d;
+    for (int max_count = 1; max_count <= DecodeSplitPolicy::kMaxCap; ++max_count) {
+      const bool by_warp = decode_merge_by_warp(d, max_count);
+      EXPECT_EQ(by_warp, max_count <= warp_max) << "D " << d << " max_count " << max_count;
+      for (int rows = 1; rows <= 300; ++rows) {
+        const int ctas = decode_merge_ctas(d, max_count, rows);
+        // The last row: by warp in CTA (rows - 1) / 4 when no row can be a CTA's, else
+        // by CTA rows - 1 (a CTA row) or by warp in CTA (rows - 1) / 4 (rows <= ctas).
+        const int needed = by_warp ? (rows - 1) / kDecodeMergeWarps + 1 : rows;
+        ASSERT_EQ(ctas, needed) << "D " << d << " max_count " << max_count << " rows " << rows;
+      }
+    }
+  }
+}
+
 // ops.h: batch * q_len_per_req * num_q_heads * C * (head_dim + 2) * 4 bytes (+ 16 of
 // alignment slack, added by decode_workspace_size).
 TEST(DecodePolicy, WorkspaceLayoutMatchesTheDocumentedFormula) {
