@@ -56,15 +56,27 @@ constexpr int decode_max_split_count(int forced, int split_keys, int max_splits,
   return static_cast<int>(std::clamp<int64_t>((max_keys + split_keys - 1) / split_keys, 1, max_splits));
 }
 
-/// Splits per thread whose partials decode_merge_kernel loads together, for a call whose
-/// requests have at most `max_count` splits: 8 above 32 (one or two KV heads: up to 128
-/// splits, 16 per thread at D = 128, two round trips instead of four), else 4. Eight take
-/// 91 registers against 54, so five merge CTAs fit an SM instead of nine: a merge of
-/// 4096 CTAs with four splits each (gpt-oss 64 x 4k) runs more waves. H200 s19run6: 8
+/// Splits per thread whose partials a merge CTA loads together for a row it merges whole
+/// (merge_kernel.cuh), for a call whose requests have at most `max_count` splits: 8
+/// above 32 (one or two KV heads: up to 128 splits, 16 per thread at D = 128, two round
+/// trips instead of four), else 4. Eight take 94 registers against 64, so fewer merge
+/// CTAs fit an SM. H200 s19run6 (one CTA per row then, 91 against 54 registers): 8
 /// everywhere took llama3-70b-tp8 1 x 32k from 14.2 to 12.5 us and 32 x 2k from 17.1 to
 /// 16.5, and gpt-oss 64 x 4k from 156.3 to 160.6 us, llama3-8b 256 x 2k from 517.7 to
 /// 525.3.
 constexpr int decode_merge_unroll(int max_count) { return max_count > 32 ? 8 : 4; }
+
+// Experiment override of kDecodeGridMode below.
+#ifndef PAGEDMHA_DECODE_GRID_MODE
+#define PAGEDMHA_DECODE_GRID_MODE 1
+#endif
+
+/// The split bound the decode grid is sized for (split.cuh decode_grid_items): 1, the
+/// window's or else the cap (the grid then fills every resident slot unless a window or a
+/// small batch leaves fewer items); 0, also the page table's (the merge's bound); 2,
+/// every resident slot always. H200 s20run3: see docs/perf-notes/decode-merge.md
+/// section 5.
+constexpr int kDecodeGridMode = PAGEDMHA_DECODE_GRID_MODE;
 
 /// Threads of a merge CTA (merge_kernel.cuh): four warps, each merging a row (query row
 /// and head) of few splits, or all of them one row of many (thread (g, c) adding the

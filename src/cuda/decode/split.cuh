@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "cuda/common/attention_args.cuh"
@@ -40,6 +41,16 @@ inline int decode_max_split_count(const AttentionArgs& a) {
   const int64_t window = a.mask.max_keys_read(a.q_len_per_req);
   const int64_t keys = window < 0 ? a.seq_len_bound : std::min(window, a.seq_len_bound);
   return decode_max_split_count(a.forced_splits, a.split_keys, a.max_splits, keys);
+}
+
+/// Work items the decode grid is sized for (the grid: these or the CTAs resident at once,
+/// whichever is fewer), `per_split` (batch x KV heads x row chunks) per split of the bound
+/// of policy.h kDecodeGridMode: by default the window's or the cap, not the page table's.
+inline int64_t decode_grid_items(const AttentionArgs& a, int64_t per_split) {
+  if (kDecodeGridMode == 2) return per_split > 0 ? INT64_MAX : 0;
+  if (kDecodeGridMode == 0) return per_split * decode_max_split_count(a);
+  return per_split *
+         decode_max_split_count(a.forced_splits, a.split_keys, a.max_splits, a.mask.max_keys_read(a.q_len_per_req));
 }
 
 }  // namespace pagedmha::cuda
