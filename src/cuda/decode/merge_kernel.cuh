@@ -2,10 +2,10 @@
 // requests' items wrote into the workspace (decode_kernel.cuh PartialOut) are combined
 // into o and lse, the sink counted once, empty splits skipped. A row (query row and head)
 // of a request with few splits (at most decode_merge_warp_max_splits(D)) is merged by one
-// warp, a row of more by a whole CTA; both give bitwise the same result, so a request's
-// result does not depend on which its batch uses. The kernel is a programmatic dependent
-// of the decode grid where its code is sm_90 or later: its CTAs read the requests'
-// lengths before they wait for the grid in griddepcontrol.
+// warp, a row of more by a whole CTA: the choice depends on the request's own split
+// count only, so its result does not depend on its batch. The kernel is a programmatic
+// dependent of the decode grid where its code is sm_90 or later: its CTAs read the
+// requests' lengths before they wait for the grid in griddepcontrol.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,8 +23,8 @@
 
 namespace pagedmha::cuda {
 
-/// A row to merge: (query row, query head) = item / Hq, item % Hq (rows * Hq fits int32:
-/// decode_args), its request's split count (0 past the last row) and the sink in log2
+/// A row to merge: (query row, query head) = item / Hq, item % Hq (4 x the rows fit
+/// int32: decode_args bounds rows x max_splits, max_splits >= 32), its request's split count (0 past the last row) and the sink in log2
 /// units. Read before the grid wait: the decode grid writes neither seq_lens nor sinks.
 struct MergeRow {
   int item, qrow, head, count;
@@ -47,7 +47,7 @@ __device__ __forceinline__ MergeRow merge_row(const AttentionArgs& a, int item, 
 /// decode_merge_unroll; the sums' order does not depend on it), the first of them issued
 /// before the statistics are reduced. The kGroups sums are then added in group order.
 /// Integer references make every weight exp2(m_s - M) an exact power of two; then
-/// finalize_softmax as the direct epilogue. CTA-uniform; ends synchronised.
+/// finalize_softmax as the direct epilogue. CTA-uniform.
 template <int D, class T, int kUnroll>
 __device__ __forceinline__ void merge_by_cta(const AttentionArgs& a, const MergeRow& r) {
   constexpr int kThreads = kDecodeMergeThreads, kChunks = D / 8, kGroups = kThreads / kChunks;
@@ -122,15 +122,15 @@ __device__ __forceinline__ void merge_by_cta(const AttentionArgs& a, const Merge
     *reinterpret_cast<uint4*>(out + 8 * tid) = pack8<T>(v);
   }
   if (tid == 0 && a.lse != nullptr) a.lse[int64_t{r.qrow} * a.lse_row_stride + int64_t{r.head} * a.lse_head_stride] = lse;
-  __syncthreads();  // (a next row's statistics reuse the shared arrays)
 }
 
 /// Merges row `r` (at most decode_merge_warp_max_splits(D) splits) with one warp. Lane i
 /// holds columns [i D / 32, (i + 1) D / 32) of every split and loads up to kUnroll
 /// splits' partials with the statistics (one round trip for the usual 2-8 splits). The
-/// sums are those merge_by_cta would make of the row (each of its thread groups would
-/// hold at most one split: ((0 + w_0 x_0) + w_1 x_1) + ... in split order, each w_s x_s
-/// rounded once as w_s is a power of two; its l sum the first warp's tree). Warp-uniform.
+/// sums follow merge_by_cta's order for such a row, whose thread groups would each hold
+/// at most one split: ((0 + w_0 x_0) + w_1 x_1) + ... in split order, each w_s x_s
+/// rounded once (w_s is a power of two), the l sum one warp's tree (a design choice: no
+/// row of this size is merged by CTA, and no test compares the two). Warp-uniform.
 template <int D, class T>
 __device__ __forceinline__ void merge_by_warp(const AttentionArgs& a, const MergeRow& r) {
   constexpr int kCols = D / 32, kMaxSplits = decode_merge_warp_max_splits(D);

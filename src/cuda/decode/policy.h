@@ -47,7 +47,7 @@ struct DecodeSplitPolicy {
 
 /// The most splits of any request of a call whose requests each see at most `max_keys`
 /// keys (MaskVariant::max_keys_read; < 0: no bound), on the host: decode_split's count
-/// (decode_kernel.cuh: the forced count, else one split per split_keys keys, within
+/// (split.cuh: the forced count, else one split per split_keys keys, within
 /// [1, max_splits]) at max_keys, as it rises with the keys. It sizes the decode grid and
 /// decides whether the merge is launched: a window of 127 keys never splits.
 constexpr int decode_max_split_count(int forced, int split_keys, int max_splits, int64_t max_keys) {
@@ -84,15 +84,16 @@ constexpr int kDecodeGridMode = PAGEDMHA_DECODE_GRID_MODE;
 constexpr int kDecodeMergeWarps = 4;
 constexpr int kDecodeMergeThreads = 32 * kDecodeMergeWarps;
 
-/// Most splits of a row that one warp merges: the CTA's thread groups (one load of each
-/// split per lane in flight at most twice over at D = 64; the CTA rows sum in the same
-/// order, so either merge gives the row bitwise the same result). A CTA of 128 threads
+/// Most splits of a row that one warp merges: the CTA's thread groups (at most two rounds
+/// of 8 loads per lane, at D = 64; the warp sums in the order the CTA would). A CTA of
+/// 128 threads
 /// for a row of 2-8 splits left most of them idle: one per row was 4096 CTAs at gpt-oss
 /// 64 x 4k (13 us serialized, H200 s19run1).
 constexpr int decode_merge_warp_max_splits(int head_dim) { return kDecodeMergeThreads / (head_dim / 8); }
 
-// Experiment override: PAGEDMHA_DECODE_MERGE_BY_WARP=0 launches a merge CTA per row
-// whatever the bound (as for a page table wider than the lengths need).
+// Experiment override: PAGEDMHA_DECODE_MERGE_BY_WARP=0 launches the merge grid of a CTA
+// per row whatever the bound (as for a page table wider than the lengths need); rows of
+// few splits are still merged by warp.
 #ifndef PAGEDMHA_DECODE_MERGE_BY_WARP
 #define PAGEDMHA_DECODE_MERGE_BY_WARP 1
 #endif

@@ -52,7 +52,7 @@ TEST(DecodePolicy, OneLongRequestFillsTheGpu) {
 }
 
 // decode_max_split_count (the host's bound: grid size, merge launch or not) against the
-// split rule of decode_kernel.cuh decode_split written out here: the forced count, else
+// split rule of split.cuh decode_split written out here: the forced count, else
 // ceil(keys / split_keys) within [1, cap], keys = the request's distinct keys
 // (MaskVariant::keys_read). It must never be below a request's count (a split request
 // would go unmerged) and, under a window, is reached by a long enough request.
@@ -99,8 +99,7 @@ TEST(DecodePolicy, MergeUnrollFollowsTheSplitCap) {
 // The merge grid reaches every row (merge_kernel.cuh: CTA i merges by warp rows
 // 4i..4i+3 of few splits, and by CTA row i of more): a CTA per four rows only where no
 // row can have more splits than a warp merges (D = 64: 16, 128: 8, 256: 4: the CTA's
-// thread groups, so that a row's sums are the same by either), else a CTA per row; and
-// no CTA without a row.
+// thread groups), else a CTA per row; and no CTA without a row.
 TEST(DecodePolicy, MergeGridReachesEveryRow) {
   using namespace pagedmha::cuda;
   for (int d : {64, 128, 256}) {

@@ -208,7 +208,8 @@ TEST(GpuDecodePaths, WindowsAtTheSplitBoundary) {
 // table narrowed to the columns the lengths need), a CTA per row where it does not (the
 // same table at full width). Every head dim, bf16 and fp8, one and eight KV heads, sinks,
 // 1 and 2 queries per request, split counts 1 to a warp's most; both runs against the
-// oracle.
+// oracle. (The grid each width takes is checked here with policy.h's bound at the table's
+// keys, which split.cuh's decode_max_split_count applies on the launch path.)
 TEST(GpuDecodePaths, MergeGridsAgreeToTheBit) {
   REQUIRE_GPU();
   namespace pc = pagedmha::cuda;
