@@ -68,14 +68,16 @@ constexpr int decode_merge_unroll(int max_count) { return max_count > 32 ? 8 : 4
 
 // Experiment override of kDecodeGridMode below.
 #ifndef PAGEDMHA_DECODE_GRID_MODE
-#define PAGEDMHA_DECODE_GRID_MODE 1
+#define PAGEDMHA_DECODE_GRID_MODE 0
 #endif
 
-/// The split bound the decode grid is sized for (split.cuh decode_grid_items): 1, the
-/// window's or else the cap (the grid then fills every resident slot unless a window or a
-/// small batch leaves fewer items); 0, also the page table's (the merge's bound); 2,
-/// every resident slot always. H200 s20run3: see docs/perf-notes/decode-merge.md
-/// section 5.
+/// The split bound the decode grid is sized for (split.cuh decode_grid_items): 0, the
+/// merge's (the window's, the page table's or the cap, whichever is least: the grid is
+/// then no larger than the call's items); 1, the window's or the cap only (the sizing
+/// before the page-table bound, which filled every resident slot more often); 2, every
+/// resident slot always. 0 was measured (H200 s20run1-2); 1 and 2 are candidates for the
+/// 0.5-1 us that llama3-70b-tp8 32 x 2k lost with the smaller grid, not yet measured
+/// (docs/perf-notes/decode-merge.md section 5).
 constexpr int kDecodeGridMode = PAGEDMHA_DECODE_GRID_MODE;
 
 /// Threads of a merge CTA (merge_kernel.cuh): four warps, each merging a row (query row

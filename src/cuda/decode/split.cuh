@@ -45,7 +45,7 @@ inline int decode_max_split_count(const AttentionArgs& a) {
 
 /// Work items the decode grid is sized for (the grid: these or the CTAs resident at once,
 /// whichever is fewer), `per_split` (batch x KV heads x row chunks) per split of the bound
-/// of policy.h kDecodeGridMode: by default the window's or the cap, not the page table's.
+/// of policy.h kDecodeGridMode (by default the merge's, decode_max_split_count).
 inline int64_t decode_grid_items(const AttentionArgs& a, int64_t per_split) {
   if (kDecodeGridMode == 2) return per_split > 0 ? INT64_MAX : 0;
   if (kDecodeGridMode == 0) return per_split * decode_max_split_count(a);
