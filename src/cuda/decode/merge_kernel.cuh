@@ -216,7 +216,14 @@ __global__ void __launch_bounds__(kDecodeMergeThreads) decode_merge_kernel(const
   const MergeRow wr = merge_row(a, static_cast<int>(blockIdx.x) * kDecodeMergeWarps + (threadIdx.x >> 5), rows);
   MergeRow cr{};
   if constexpr (kUnroll > 0) cr = merge_row(a, static_cast<int>(blockIdx.x), rows);
-  // Every thread waits: work after the merge in the stream may read the grid's writes.
+  if constexpr (kUnroll > 0 && kDecodeMergeEarlyExit) {
+    // A CTA with no row leaves before the wait; CTA 0 always waits, so the merge grid
+    // still ends after the decode grid (policy.h kDecodeMergeEarlyExit).
+    const bool mine = (wr.count > 1 && wr.count <= kWarpMax) || cr.count > kWarpMax;
+    if (!__syncthreads_or(mine) && blockIdx.x != 0) return;
+  }
+  // Every thread that merges waits: work after the merge in the stream may read the
+  // grid's writes.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif

@@ -106,6 +106,19 @@ constexpr bool decode_merge_by_warp(int head_dim, int max_count) {
   return PAGEDMHA_DECODE_MERGE_BY_WARP != 0 && max_count <= decode_merge_warp_max_splits(head_dim);
 }
 
+// Prepared, not measured: PAGEDMHA_DECODE_MERGE_EARLY_EXIT=1 (kDecodeMergeEarlyExit).
+#ifndef PAGEDMHA_DECODE_MERGE_EARLY_EXIT
+#define PAGEDMHA_DECODE_MERGE_EARLY_EXIT 0
+#endif
+
+/// In the CTA-per-row merge grid (a page table wider than the lengths need, as in
+/// CUDA-graph steps), three of four CTAs can have no row to merge. With this on, such a
+/// CTA exits before the grid wait (it reads only seq_lens), so it can retire while the
+/// decode still runs instead of after it; CTA 0 always waits, which keeps the merge grid
+/// ending after the decode grid. Off by default until an H200 run measures it
+/// (docs/perf-notes/decode-merge.md, "Next").
+constexpr bool kDecodeMergeEarlyExit = PAGEDMHA_DECODE_MERGE_EARLY_EXIT != 0;
+
 /// CTAs of the merge of `rows` rows (query rows x query heads).
 constexpr int decode_merge_ctas(int head_dim, int max_count, int rows) {
   return decode_merge_by_warp(head_dim, max_count) ? (rows + kDecodeMergeWarps - 1) / kDecodeMergeWarps : rows;
