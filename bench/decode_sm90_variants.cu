@@ -33,8 +33,8 @@
 namespace pagedmha::cuda {
 // decode_sm90/launch.cuh declares the merges extern (the library instantiates them in
 // decode_hd*.cu); this binary has no other translation unit.
-template void launch_decode_merge<64, __nv_bfloat16>(const AttentionArgs&, int, cudaStream_t);
-template void launch_decode_merge<128, __nv_bfloat16>(const AttentionArgs&, int, cudaStream_t);
+template void launch_decode_merge<64, __nv_bfloat16>(const AttentionArgs&, int, int, cudaStream_t);
+template void launch_decode_merge<128, __nv_bfloat16>(const AttentionArgs&, int, int, cudaStream_t);
 }  // namespace pagedmha::cuda
 
 namespace {

@@ -193,13 +193,13 @@ void launch_decode_config(AttentionArgs a, int device, int sm_count, cudaStream_
   a.split_tile = Tr::BN;
   a.row_chunks = ceil_div(a.group * a.q_len_per_req, Tr::M);
   const int max_count = decode_max_split_count(a);
-  const int64_t max_items = decode_grid_items(a, static_cast<int64_t>(a.batch) * a.num_kv_heads * a.row_chunks);
+  const int64_t max_items = static_cast<int64_t>(a.batch) * a.num_kv_heads * a.row_chunks * max_count;
   const int per_sm = resident_ctas_per_sm<Tr>(device);
   const int64_t grid = std::min<int64_t>(max_items, static_cast<int64_t>(per_sm) * sm_count);
   decode_kernel<Tr><<<static_cast<unsigned>(grid), Tr::kThreads, Tr::kSmemBytes, stream>>>(a);
   PAGEDMHA_CUDA_CHECK_LAUNCH();
 
-  if (max_count > 1) launch_decode_merge<D, T>(a, device, stream);
+  if (max_count > 1) launch_decode_merge<D, T>(a, max_count, device, stream);
 }
 
 /// Tile choice: 16 packed rows with the KV tile split over 4 warps when the G * n rows

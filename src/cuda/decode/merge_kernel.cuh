@@ -216,20 +216,14 @@ __global__ void __launch_bounds__(kDecodeMergeThreads) decode_merge_kernel(const
   const MergeRow wr = merge_row(a, static_cast<int>(blockIdx.x) * kDecodeMergeWarps + (threadIdx.x >> 5), rows);
   MergeRow cr{};
   if constexpr (kUnroll > 0) cr = merge_row(a, static_cast<int>(blockIdx.x), rows);
-  if constexpr (kUnroll > 0 && kDecodeMergeEarlyExit) {
-    // A CTA with no row leaves before the wait; CTA 0 always waits, so the merge grid
-    // still ends after the decode grid (policy.h kDecodeMergeEarlyExit).
-    const bool mine = (wr.count > 1 && wr.count <= kWarpMax) || cr.count > kWarpMax;
-    if (!__syncthreads_or(mine) && blockIdx.x != 0) return;
-  }
-  // Every thread that merges waits: work after the merge in the stream may read the
-  // grid's writes.
+  const bool by_warp = wr.count > 1 && wr.count <= kWarpMax, by_cta = cr.count > kWarpMax;
+  // Every thread waits: work after the merge in the stream may read the grid's writes.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-  if (wr.count > 1 && wr.count <= kWarpMax) merge_by_warp<D, T>(a, wr);
+  if (by_warp) merge_by_warp<D, T>(a, wr);
   if constexpr (kUnroll > 0) {
-    if (cr.count > kWarpMax) merge_by_cta<D, T, kUnroll>(a, cr);
+    if (by_cta) merge_by_cta<D, T, kUnroll>(a, cr);
   }
 }
 
@@ -262,9 +256,10 @@ void launch_decode_merge_unrolled(const AttentionArgs& a, int max_count, int dev
   PAGEDMHA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel<D, T, kUnroll>, a));
 }
 
+/// The merge of a call whose requests have at most max_count = decode_max_split_count(a)
+/// > 1 splits (the launcher's, computed once per call).
 template <int D, class T>
-void launch_decode_merge(const AttentionArgs& a, int device, cudaStream_t stream) {
-  const int max_count = decode_max_split_count(a);
+void launch_decode_merge(const AttentionArgs& a, int max_count, int device, cudaStream_t stream) {
   if (decode_merge_by_warp(D, max_count)) {
     launch_decode_merge_unrolled<D, T, 0>(a, max_count, device, stream);
   } else if (decode_merge_unroll(max_count) == 8) {

@@ -66,20 +66,6 @@ constexpr int decode_max_split_count(int forced, int split_keys, int max_splits,
 /// 525.3.
 constexpr int decode_merge_unroll(int max_count) { return max_count > 32 ? 8 : 4; }
 
-// Experiment override of kDecodeGridMode below.
-#ifndef PAGEDMHA_DECODE_GRID_MODE
-#define PAGEDMHA_DECODE_GRID_MODE 0
-#endif
-
-/// The split bound the decode grid is sized for (split.cuh decode_grid_items): 0, the
-/// merge's (the window's, the page table's or the cap, whichever is least: the grid is
-/// then no larger than the call's items); 1, the window's or the cap only (the sizing
-/// before the page-table bound, which filled every resident slot more often); 2, every
-/// resident slot always. 0 was measured (H200 s20run1-2); 1 and 2 are candidates for the
-/// 0.5-1 us that llama3-70b-tp8 32 x 2k lost with the smaller grid, not yet measured
-/// (docs/perf-notes/decode-merge.md section 5).
-constexpr int kDecodeGridMode = PAGEDMHA_DECODE_GRID_MODE;
-
 /// Threads of a merge CTA (merge_kernel.cuh): four warps, each merging a row (query row
 /// and head) of few splits, or all of them one row of many (thread (g, c) adding the
 /// splits g, g + groups, ... of 8 columns, groups = 128 / (D / 8)).
@@ -88,9 +74,8 @@ constexpr int kDecodeMergeThreads = 32 * kDecodeMergeWarps;
 
 /// Most splits of a row that one warp merges: the CTA's thread groups (at most two rounds
 /// of 8 loads per lane, at D = 64; the warp sums in the order the CTA would). A CTA of
-/// 128 threads
-/// for a row of 2-8 splits left most of them idle: one per row was 4096 CTAs at gpt-oss
-/// 64 x 4k (13 us serialized, H200 s19run1).
+/// 128 threads for a row of 2-8 splits left most of them idle: one per row was 4096 CTAs
+/// at gpt-oss 64 x 4k (13 us serialized, H200 s19run1).
 constexpr int decode_merge_warp_max_splits(int head_dim) { return kDecodeMergeThreads / (head_dim / 8); }
 
 // Experiment override: PAGEDMHA_DECODE_MERGE_BY_WARP=0 launches the merge grid of a CTA
@@ -105,19 +90,6 @@ constexpr int decode_merge_warp_max_splits(int head_dim) { return kDecodeMergeTh
 constexpr bool decode_merge_by_warp(int head_dim, int max_count) {
   return PAGEDMHA_DECODE_MERGE_BY_WARP != 0 && max_count <= decode_merge_warp_max_splits(head_dim);
 }
-
-// Prepared, not measured: PAGEDMHA_DECODE_MERGE_EARLY_EXIT=1 (kDecodeMergeEarlyExit).
-#ifndef PAGEDMHA_DECODE_MERGE_EARLY_EXIT
-#define PAGEDMHA_DECODE_MERGE_EARLY_EXIT 0
-#endif
-
-/// In the CTA-per-row merge grid (a page table wider than the lengths need, as in
-/// CUDA-graph steps), three of four CTAs can have no row to merge. With this on, such a
-/// CTA exits before the grid wait (it reads only seq_lens), so it can retire while the
-/// decode still runs instead of after it; CTA 0 always waits, which keeps the merge grid
-/// ending after the decode grid. Off by default until an H200 run measures it
-/// (docs/perf-notes/decode-merge.md, "Next").
-constexpr bool kDecodeMergeEarlyExit = PAGEDMHA_DECODE_MERGE_EARLY_EXIT != 0;
 
 /// CTAs of the merge of `rows` rows (query rows x query heads).
 constexpr int decode_merge_ctas(int head_dim, int max_count, int rows) {

@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 
 #include "cuda/common/attention_args.cuh"
@@ -36,21 +35,11 @@ __device__ __forceinline__ DecodeSplit decode_split(const AttentionArgs& a, int 
 
 /// The most splits a request of the call can have (host, from the arguments alone:
 /// policy.h decode_max_split_count at the most keys a request reads, the mask's bound or
-/// its page-table row's, whichever is smaller).
+/// its page-table row's, whichever is smaller). It sizes the decode grid and the merge's.
 inline int decode_max_split_count(const AttentionArgs& a) {
   const int64_t window = a.mask.max_keys_read(a.q_len_per_req);
   const int64_t keys = window < 0 ? a.seq_len_bound : std::min(window, a.seq_len_bound);
   return decode_max_split_count(a.forced_splits, a.split_keys, a.max_splits, keys);
-}
-
-/// Work items the decode grid is sized for (the grid: these or the CTAs resident at once,
-/// whichever is fewer), `per_split` (batch x KV heads x row chunks) per split of the bound
-/// of policy.h kDecodeGridMode (by default the merge's, decode_max_split_count).
-inline int64_t decode_grid_items(const AttentionArgs& a, int64_t per_split) {
-  if (kDecodeGridMode == 2) return per_split > 0 ? INT64_MAX : 0;
-  if (kDecodeGridMode == 0) return per_split * decode_max_split_count(a);
-  return per_split *
-         decode_max_split_count(a.forced_splits, a.split_keys, a.max_splits, a.mask.max_keys_read(a.q_len_per_req));
 }
 
 }  // namespace pagedmha::cuda

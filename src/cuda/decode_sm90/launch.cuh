@@ -22,10 +22,10 @@ namespace pagedmha::cuda {
 // (decode/decode_hd{64,128}.cu, built for every architecture): an instantiation here,
 // built for sm_90a only, could be the copy the linker keeps for the portable decode too,
 // and an A100 or L40 would then find no kernel image for its merge.
-extern template void launch_decode_merge<64, __nv_bfloat16>(const AttentionArgs&, int, cudaStream_t);
-extern template void launch_decode_merge<64, __half>(const AttentionArgs&, int, cudaStream_t);
-extern template void launch_decode_merge<128, __nv_bfloat16>(const AttentionArgs&, int, cudaStream_t);
-extern template void launch_decode_merge<128, __half>(const AttentionArgs&, int, cudaStream_t);
+extern template void launch_decode_merge<64, __nv_bfloat16>(const AttentionArgs&, int, int, cudaStream_t);
+extern template void launch_decode_merge<64, __half>(const AttentionArgs&, int, int, cudaStream_t);
+extern template void launch_decode_merge<128, __nv_bfloat16>(const AttentionArgs&, int, int, cudaStream_t);
+extern template void launch_decode_merge<128, __half>(const AttentionArgs&, int, int, cudaStream_t);
 
 namespace sm90 {
 
@@ -54,12 +54,12 @@ bool run_decode_rows(const detail::AttentionProblem& prob, const AttentionArgs& 
     return std::clamp(n, 1, Pol::kCtasPerSm);
   });
   const int max_count = decode_max_split_count(p.a);
-  const int64_t max_items = decode_grid_items(p.a, static_cast<int64_t>(p.a.batch) * p.a.num_kv_heads);
+  const int64_t max_items = static_cast<int64_t>(p.a.batch) * p.a.num_kv_heads * max_count;
   const int grid = static_cast<int>(std::min<int64_t>(max_items, int64_t{sm_count} * per_sm));
   if (grid == 0) return true;  // no request
   decode_sm90_kernel<D, T, KV, kRows><<<grid, Pol::kThreads, Pol::kSmemBytes, stream>>>(p);
   PAGEDMHA_CUDA_CHECK_LAUNCH();
-  if (max_count > 1) launch_decode_merge<D, T>(p.a, prob.device.index, stream);
+  if (max_count > 1) launch_decode_merge<D, T>(p.a, max_count, prob.device.index, stream);
   return true;
 }
 
