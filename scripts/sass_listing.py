@@ -9,6 +9,8 @@ _FUNCTION = re.compile(r"\s*Function : (\S+)")
 _ARCH = re.compile(r"\s*code for (sm_\w+)")
 # `        /*0390*/                   @!P0 BRA 0x540 ;   /* 0x... */`
 _INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][\w.]*)\s*([^;]*);")
+# The line after an instruction: the upper 64 bits of its 128-bit encoding.
+_ENCODING = re.compile(r"\s*/\* (0x[0-9a-f]{16}) \*/\s*$")
 
 
 class Instruction(NamedTuple):
@@ -16,11 +18,20 @@ class Instruction(NamedTuple):
     pred: str       # guard predicate ("@!P0"), "" when none
     op: str         # mnemonic with modifiers ("LDSM.16.MT88.4")
     operands: str   # the rest up to the ';' ("R4, [R2+UR4]")
+    ctrl: int = 0   # upper 64 bits of the encoding (0 when the listing has none)
 
     @property
     def base(self) -> str:
         """The mnemonic without modifiers ("LDSM")."""
         return self.op.split(".")[0]
+
+    @property
+    def stall(self) -> int:
+        """Cycles the warp waits before issuing its next instruction, as ptxas encoded them
+        for fixed-latency dependences and pipe throughput (bits 105-108 of the Volta-and-later
+        encoding); variable-latency results (loads, MUFU, SHFL, wgmma) wait on scoreboards
+        instead and are not counted here."""
+        return (self.ctrl >> 41) & 0xF
 
 
 def functions(sass: str):
@@ -46,10 +57,12 @@ def functions(sass: str):
 def instructions(lines):
     """The Instructions of a function's lines, in address order (encoding lines skipped)."""
     out = []
-    for line in lines:
+    for i, line in enumerate(lines):
         m = _INSTRUCTION.match(line)
         if m:
-            out.append(Instruction(int(m.group(1), 16), (m.group(2) or "").strip(), m.group(3), m.group(4).strip()))
+            e = _ENCODING.match(lines[i + 1]) if i + 1 < len(lines) else None
+            out.append(Instruction(int(m.group(1), 16), (m.group(2) or "").strip(), m.group(3), m.group(4).strip(),
+                                   int(e.group(1), 16) if e else 0))
     return out
 
 
