@@ -31,7 +31,8 @@ using variants::fill_random;
 struct Shape {
   const char* model;
   int hq, hkv, d, batch, seq, page;
-  bool fp8 = false;  // e4m3 K / V
+  bool fp8 = false;     // e4m3 K / V
+  bool linear = false;  // pages in order: with page >= the key tile, the dense NHD layout
 };
 
 /// With PREFILL_VARIANTS_DUMP=<dir>: every 61st output value (fp32) of the shape to
@@ -80,7 +81,7 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   fill_random<KV><<<1024, 256, 0, stream>>>(v, slots * s.hkv * D, 3, 2.0f);
   std::vector<int32_t> table(int64_t{B} * pages_per_req), lens(B, S), cu(B + 1);
   std::iota(table.begin(), table.end(), 1);
-  std::shuffle(table.begin(), table.end(), std::mt19937(7));  // random page order
+  if (!s.linear) std::shuffle(table.begin(), table.end(), std::mt19937(7));  // random page order
   for (int b = 0; b <= B; ++b) cu[b] = b * S;
   int32_t *d_table, *d_lens, *d_cu;
   CHECK(cudaMalloc(&d_table, table.size() * 4));
@@ -160,6 +161,11 @@ const Shape kShapes[] = {
     {"gpt-oss", 64, 8, 64, 4, 4096, 16, true},      {"llama3-8b", 32, 8, 128, 4, 4096, 1},
     {"gpt-oss-tp8", 8, 1, 64, 2, 8192, 16, true},   // one TP-8 rank (the Mooncake replay's extends)
     {"gemma", 16, 8, 256, 1, 16384, 16},     // 15
+    // 16-18: pages in order; at page 256 (>= every key tile: one TMA box per tile and
+    // panel) the cache is laid out as a dense [tokens][Hkv][D] one, FlashAttention-3
+    // dense's and cuDNN's layout: what paging itself costs.
+    {"llama3-8b", 32, 8, 128, 1, 16384, 16, false, true}, {"llama3-8b", 32, 8, 128, 1, 16384, 256, false, true},
+    {"llama3-8b", 32, 8, 128, 4, 4096, 256, false, true},
 };
 
 }  // namespace
@@ -172,14 +178,15 @@ int main(int argc, char** argv) {
                                    : (s.fp8 ? run_shape<64, true>(s, sms, stream) : run_shape<64, false>(s, sms, stream));
     const double pairs = double(s.batch) * s.seq * (s.seq + 1) / 2.0;
     const double tflops = 4.0 * s.hq * s.d * pairs / (us * 1e-6) / 1e12;
-    std::printf("%-24s %-10s %2dx%-6d p%-3d %-4s %10.1f us %8.1f TFLOP/s\n", argv[1], s.model, s.batch, s.seq, s.page,
-                s.fp8 ? "fp8" : "bf16", us, tflops);
+    std::printf("%-24s %-10s %2dx%-6d p%-3d%s %-4s %10.1f us %8.1f TFLOP/s\n", argv[1], s.model, s.batch, s.seq, s.page,
+                s.linear ? " in order" : "", s.fp8 ? "fp8" : "bf16", us, tflops);
     if (out) {
       std::fprintf(out,
                    "{\"op\": \"prefill\", \"impl\": \"pagedmha-variant\", \"variant\": \"%s\", \"model\": \"%s\", "
-                   "\"batch\": %d, \"ctx\": %d, \"q_len\": %d, \"page_size\": %d, \"kv_dtype\": \"%s\", "
-                   "\"time_us\": %.2f, \"tflops\": %.2f}\n",
-                   argv[1], s.model, s.batch, s.seq, s.seq, s.page, s.fp8 ? "fp8_e4m3" : "bf16", us, tflops);
+                   "\"batch\": %d, \"ctx\": %d, \"q_len\": %d, \"page_size\": %d, \"page_order\": \"%s\", "
+                   "\"kv_dtype\": \"%s\", \"time_us\": %.2f, \"tflops\": %.2f}\n",
+                   argv[1], s.model, s.batch, s.seq, s.seq, s.page, s.linear ? "in order" : "random",
+                   s.fp8 ? "fp8_e4m3" : "bf16", us, tflops);
     }
   });
 }

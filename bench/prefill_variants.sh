@@ -14,7 +14,9 @@
 #   variant "base" (a commit is exported with git archive; where .git does not travel, export
 #   it beforehand: git archive <commit> src include | tar x -C <dir>; BASE_FLAGS: its
 #   compile flags, default none); ROUNDS: run the whole
-#   variant list that many times, interleaved, default 1)
+#   variant list that many times, interleaved, default 1; FA3_DIR: a checkout of
+#   Dao-AILab/flash-attention, whose dense causal forward (bench/fa3_peer.cu, its own shape
+#   list: FA3_SHAPES, default all) then runs as variant "fa3-dense" in every round)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 inc=${CUTLASS_INCLUDE:-}
@@ -68,13 +70,26 @@ for v in "${variants[@]}"; do
   build "${v%%:*}" "${v#*:}" &
   names+=("${v%%:*}")
 done
+if [ -n "${FA3_DIR:-}" ] && [ "$kernel" = prefill ]; then
+  [ -f "$FA3_DIR/hopper/flash_fwd_launch_template.h" ] ||
+    { echo "prefill_variants: FA3_DIR: expected a flash-attention checkout with hopper/, got $FA3_DIR" >&2; exit 2; }
+  fa3=$(cd "$FA3_DIR/hopper" && pwd)
+  # FA3's own flags (its setup.py): fast math, the extended wgmma shapes, PDL.
+  nvcc -std=c++17 -O3 -DNDEBUG --use_fast_math -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -DCUTLASS_ENABLE_GDC_FOR_SM90 \
+    -DCUTLASS_DEBUG_TRACE_LEVEL=0 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr --expt-extended-lambda \
+    -Isrc -Iinclude -Ibench -I"$fa3" -isystem "$inc" bench/fa3_peer.cu -o "$dir/fa3-dense" -lcuda \
+    >"$dir/fa3-dense.build.log" 2>&1 &
+  names+=(fa3-dense)
+fi
 wait
 for _ in $(seq "${ROUNDS:-1}"); do
   for name in "${names[@]}"; do
     if [ -x "$dir/$name" ]; then
-      # shellcheck disable=SC2086
       # A variant that hangs (a barrier never completing) loses its rows, not the run.
-      timeout "${RUN_TIMEOUT:-120}" "$dir/$name" "$name" "$jsonl" ${SHAPES:-} || echo "$name: run failed or timed out"
+      shapes=${SHAPES:-}
+      [ "$name" = fa3-dense ] && shapes=${FA3_SHAPES:-}
+      # shellcheck disable=SC2086
+      timeout "${RUN_TIMEOUT:-120}" "$dir/$name" "$name" "$jsonl" $shapes || echo "$name: run failed or timed out"
     else
       echo "$name: build failed: $(grep -m1 error "$dir/$name.build.log")"
     fi

@@ -407,16 +407,19 @@ def variants_section(name: str, doc: dict) -> List[str]:
                      "knobs (CUDA events, median of 5 x 10 launches, causal, bf16, random page order); "
                      "diagnostic variants leave work out and are not correct kernels.\n")
     metric, digits = ("tbps", 2) if decode else ("tflops", 0)
+    # page_order: "random" (the default), "in order" or "dense" (a peer's dense cache, no pages).
     key = lambda r: (r.get("model"), r.get("batch"), r.get("ctx"), r.get("page_size"),  # noqa: E731
-                     r.get("kv_dtype", "bf16"), r.get("window_left", -1))
+                     r.get("kv_dtype", "bf16"), r.get("window_left", -1), r.get("page_order", "random"))
     variants = list(dict.fromkeys(r.get("variant") for r in recs))
     shapes = list(dict.fromkeys(key(r) for r in recs))
     by = {(r.get("variant"), *key(r)): r for r in recs}
     rows = []
-    for m, b, c, pg, kv, w in shapes:
-        label = f"{m} {b} x {_len(c)} p{pg}" + (f" {kv}" if kv != "bf16" else "") + \
+    for m, b, c, pg, kv, w, order in shapes:
+        label = f"{m} {b} x {_len(c)} " + ("dense" if order == "dense" else f"p{pg}") + \
+            (" in order" if order == "in order" else "") + (f" {kv}" if kv != "bf16" else "") + \
             (f" w{w}" if w is not None and w >= 0 else "")
-        rows.append([label, *[_num((by.get((v, m, b, c, pg, kv, w)) or {}).get(metric), digits) for v in variants]])
+        rows.append([label, *[_num((by.get((v, m, b, c, pg, kv, w, order)) or {}).get(metric), digits)
+                              for v in variants]])
     parts.append(table(["shape", *[str(v) for v in variants]], rows) if rows else "No records.\n")
     return parts
 

@@ -557,6 +557,25 @@ def test_variants_keep_fp8_rows_apart_and_decode_reads_tbps(tmp_path):
     assert "| llama3-8b 1 x 32k p16 w127 | - | 2.16 |" in text
 
 
+def test_variants_keep_page_orders_apart(tmp_path):
+    base = {"op": "prefill", "model": "llama3-8b", "batch": 1, "ctx": 16384, "q_len": 16384, "kv_dtype": "bf16",
+            "time_us": 1.0}
+    recs = [{**base, "impl": "pagedmha-variant", "variant": "default", "page_size": 16, "tflops": 590.4},
+            {**base, "impl": "pagedmha-variant", "variant": "default", "page_size": 16, "page_order": "in order",
+             "tflops": 601.6},
+            {**base, "impl": "fa3", "variant": "fa3-dense", "page_size": 0, "page_order": "dense", "tflops": 660.2}]
+    doc = {"gpu": "NVIDIA H200", "commit": "abc123", "command": "bash bench/prefill_variants.sh",
+           "date": "2026-12-05", "records": recs}
+    (tmp_path / "h200-prefill-variants-20261205.json").write_text(json.dumps(doc))
+    out = tmp_path / "performance.md"
+    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| shape | default | fa3-dense |" in text
+    assert "| llama3-8b 1 x 16k p16 | 590 | - |" in text  # the random order, not overwritten
+    assert "| llama3-8b 1 x 16k p16 in order | 602 | - |" in text
+    assert "| llama3-8b 1 x 16k dense | - | 660 |" in text
+
+
 def test_prefill_plan_covers_the_issue_rows():
     plan = BA.prefill_plan()
     names = [c.name for c in plan]

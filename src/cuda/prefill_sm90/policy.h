@@ -254,8 +254,15 @@ struct PrefillPolicy {
 /// KV head share every K / V tile, so short extends fill 128 rows with G x n rows and
 /// long prompts cut the diagonal band (tiles span 128 / G tokens). The largest divisor
 /// of G up to 16 (a TMA box dimension; tiles keep >= 8 tokens).
+/// PAGEDMHA_SM90_MAX_PACK=k (experiment) packs at most k heads: with k = 1 and
+/// PAGEDMHA_SM90_CLUSTER=1 the tiles are FlashAttention-3's (one head, kBlockM tokens,
+/// no cluster).
+#ifndef PAGEDMHA_SM90_MAX_PACK
+#define PAGEDMHA_SM90_MAX_PACK 16
+#endif
 inline int gqa_pack(int group) {
-  for (int p = group < 16 ? group : 16; p > 1; --p) {
+  constexpr int kMax = PAGEDMHA_SM90_MAX_PACK < 16 ? PAGEDMHA_SM90_MAX_PACK : 16;
+  for (int p = group < kMax ? group : kMax; p > 1; --p) {
     if (group % p == 0) return p;
   }
   return 1;
