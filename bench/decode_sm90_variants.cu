@@ -158,30 +158,14 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
   CHECK(cudaGraphLaunch(exec, stream));  // warm-up
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 5; ++i) {
-    CHECK(cudaEventRecord(e0, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(e1, stream));
-    CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    CHECK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t / reps);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
+  const double us = variants::median_us(stream, reps, [&] { CHECK(cudaGraphLaunch(exec, stream)); });
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
   for (void* x : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
                   static_cast<void*>(d_tables), static_cast<void*>(d_lens), static_cast<void*>(sinks), ws}) {
     cudaFree(x);
   }
-  return {ms[ms.size() / 2] * 1e3, read, scale > 0 ? diff / scale : diff};
+  return {us, read, scale > 0 ? diff / scale : diff};
 }
 
 // bench_attention.py --decode's shapes at page 16 (bf16 KV unless marked).

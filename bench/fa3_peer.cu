@@ -4,16 +4,14 @@
 // bench/prefill_variants.sh when FA3_DIR names a checkout of Dao-AILab/flash-attention
 // (its hopper/ headers and CUTLASS's), one instantiation per head dim, the one its own
 // dispatch picks for a dense causal bf16 call without splits, paging or GQA packing.
-// Same shapes, timing and JSON as bench/prefill_sm90_variants.cu, on a dense
-// [batch][seq][heads][D] layout (variant "fa3-dense", page_order "dense").
+// The bf16 shapes of bench/prefill_sm90_variants.cu (a list and indices of its own), the
+// same timing and JSON, on a dense [batch][seq][heads][D] layout (page_order "dense").
 //
-//   prefill_fa3_peer <variant name> <out.jsonl> [shape indices]
+//   build/variants-prefill/fa3-dense <variant name> <out.jsonl> [shape indices]
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <vector>
 
 #include "variants_common.cuh"
 #include "flash_fwd_launch_template.h"  // from $FA3_DIR/hopper
@@ -73,8 +71,10 @@ double run_shape(const PeerShape& s, int sms, cudaStream_t stream) {
   p.d = p.dv = p.d_rounded = p.dv_rounded = D;
   p.softmax_lse_ptr = lse;
   p.scale_softmax = 1.0f / std::sqrt(static_cast<float>(D));
-  p.window_size_left = -1;
-  p.window_size_right = 0;  // causal
+  p.window_size_left = s.seq - 1;  // causal, as FA3's API fills it
+  p.window_size_right = 0;
+  p.p_dropout = 1.0f;  // the probability of keeping (no dropout)
+  p.rp_dropout = 1.0f;
   p.is_bf16 = true;
   p.is_causal = true;
   p.num_splits = 1;
@@ -90,26 +90,14 @@ double run_shape(const PeerShape& s, int sms, cudaStream_t stream) {
   launch();
   launch();
   CHECK(cudaStreamSynchronize(stream));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int r = 0; r < 5; ++r) {
-    CHECK(cudaEventRecord(e0, stream));
+  const double us = variants::median_us(stream, 10, [&] {
     for (int i = 0; i < 10; ++i) launch();
-    CHECK(cudaEventRecord(e1, stream));
-    CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    CHECK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t / 10);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
+  });
   for (void* x : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
                   static_cast<void*>(lse), static_cast<void*>(semaphore)}) {
     cudaFree(x);
   }
-  return ms[ms.size() / 2] * 1e3;  // us
+  return us;
 }
 
 // The bf16 shapes of bench/prefill_sm90_variants.cu, by model and batch x seq.

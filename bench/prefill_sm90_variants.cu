@@ -128,27 +128,15 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   launch();
   launch();
   CHECK(cudaStreamSynchronize(stream));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int r = 0; r < 5; ++r) {
-    CHECK(cudaEventRecord(e0, stream));
+  const double us = variants::median_us(stream, 10, [&] {
     for (int i = 0; i < 10; ++i) launch();
-    CHECK(cudaEventRecord(e1, stream));
-    CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    CHECK(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t / 10);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
+  });
   for (void* x : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
                   static_cast<void*>(d_table), static_cast<void*>(d_lens), static_cast<void*>(d_cu), ws,
                   static_cast<void*>(sinks)}) {
     cudaFree(x);
   }
-  return ms[ms.size() / 2] * 1e3;  // us
+  return us;
 }
 
 const Shape kShapes[] = {

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstddef>
@@ -60,6 +61,31 @@ inline pagedmha::detail::AttentionProblem bf16_problem(void* q, void* o, int hq,
   p.bmm1_scale = 1.0f / std::sqrt(static_cast<float>(d));
   p.device = pagedmha::Device::cuda(0);
   return p;
+}
+
+/// The median over 5 samples of the time per call, in us: each sample times `enqueue()`,
+/// which enqueues `calls` calls on `stream` (launches, or one graph replaying them),
+/// between two events.
+template <class Enqueue>
+double median_us(cudaStream_t stream, int calls, Enqueue enqueue) {
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 5; ++i) {
+    CHECK(cudaEventRecord(e0, stream));
+    enqueue();
+    CHECK(cudaEventRecord(e1, stream));
+    CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t / calls);
+  }
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1e3;
 }
 
 /// Which of n shapes to run: all without the argument, else a comma list of indices.

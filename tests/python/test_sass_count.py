@@ -2,10 +2,9 @@
 phase) on hand-written cuobjdump listings: no GPU, no CUDA toolkit."""
 
 import json
-import re
 import shutil
 
-from script_module import REPO, load_script, run_with_listing
+from script_module import REPO, assemble, load_script, run_with_listing
 
 import pytest
 
@@ -16,21 +15,6 @@ from sass_listing import instructions  # noqa: E402  (on sys.path through sass_c
 
 # decode_kernel<AttentionTraits<128, __nv_bfloat16, __nv_bfloat16, 1, 1, 0, false>>: KW 16, BN 64.
 KERNEL = "_ZN8pagedmha4cuda13decode_kernelINS0_15AttentionTraitsILi128E13__nv_bfloat16S3_Li1ELi1ELi0ELb0EEEEEvNS0_13AttentionArgsE"
-
-
-def assemble(body):
-    """cuobjdump-style instruction lines (16 bytes apart); `name:` before an instruction
-    labels it, `BRA name` branches to it."""
-    labels, plain = {}, []
-    for line in body:
-        m = re.match(r"(\w+):\s*(.*)", line)
-        if m:
-            labels[m.group(1)] = 16 * len(plain)
-            line = m.group(2)
-        plain.append(line)
-    sub = lambda l: re.sub(r"BRA (\w+)$", lambda m: f"BRA {labels[m.group(1)]:#x}" if m.group(1) in labels
-                           else m.group(0), l)
-    return [f"        /*{16 * i:04x}*/                   {sub(l)} ;   /* 0x0000 */" for i, l in enumerate(plain)]
 
 
 def listing(sections):

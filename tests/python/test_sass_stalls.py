@@ -4,7 +4,7 @@ no CUDA toolkit."""
 
 import re
 
-from script_module import REPO, load_script, run_with_listing
+from script_module import REPO, assemble, load_script, run_with_listing
 
 SCRIPT = REPO / "scripts" / "sass_stalls.py"
 
@@ -12,29 +12,6 @@ SS = load_script("sass_stalls", SCRIPT)
 from sass_listing import instructions  # noqa: E402  (on sys.path through sass_stalls)
 
 KERNEL = "_ZN8pagedmha4cuda4sm9014prefill_kernelINS1_13PrefillPolicyILi128ELb0ELb1EEEEEvv"
-
-
-def assemble(body):
-    """cuobjdump-style lines, 16 bytes apart, each instruction followed by the line with
-    the upper 64 bits of its encoding. `name:` labels an instruction, `BRA name` branches
-    to it, a trailing `| s` sets the stall count s in bits 41-44 of the upper word (with
-    the yield bit 45 and a read barrier in bits 49-51 set too, which must not count)."""
-    labels, plain = {}, []
-    for line in body:
-        m = re.match(r"(\w+):\s*(.*)", line)
-        if m:
-            labels[m.group(1)] = 16 * len(plain)
-            line = m.group(2)
-        plain.append(line)
-    out = []
-    for i, line in enumerate(plain):
-        text, _, stall = line.partition("|")
-        text = re.sub(r"BRA (\w+)$", lambda m: f"BRA {labels[m.group(1)]:#x}" if m.group(1) in labels else m.group(0),
-                      text.strip())
-        hi = (int(stall) if stall.strip() else 1) << 41 | 1 << 45 | 5 << 49
-        out.append(f"        /*{16 * i:04x}*/                   {text} ;   /* 0x{0x123456789abcdef0:016x} */")
-        out.append(f"                                                         /* 0x{hi:016x} */")
-    return out
 
 
 def listing(body, name=KERNEL):
