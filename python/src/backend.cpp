@@ -35,15 +35,15 @@ struct PyForwardBatch {
     ForwardBatch b;
     b.forward_mode = forward_mode;
     b.batch_size = batch_size;
-    b.req_pool_indices = to_view(req_pool_indices, op, "req_pool_indices");
-    b.seq_lens = to_view(seq_lens, op, "seq_lens");
-    b.seq_lens_cpu = to_view(seq_lens_cpu, op, "seq_lens_cpu");
-    b.extend_seq_lens_cpu = to_view(extend_seq_lens_cpu, op, "extend_seq_lens_cpu");
-    b.extend_prefix_lens_cpu = to_view(extend_prefix_lens_cpu, op, "extend_prefix_lens_cpu");
-    b.out_cache_loc = to_view(out_cache_loc, op, "out_cache_loc");
-    b.req_to_page = to_view(req_to_page, op, "req_to_page");
+    b.req_pool_indices = to_view(req_pool_indices, op, "req_pool_indices", Access::read);
+    b.seq_lens = to_view(seq_lens, op, "seq_lens", Access::read);
+    b.seq_lens_cpu = to_view(seq_lens_cpu, op, "seq_lens_cpu", Access::read);
+    b.extend_seq_lens_cpu = to_view(extend_seq_lens_cpu, op, "extend_seq_lens_cpu", Access::read);
+    b.extend_prefix_lens_cpu = to_view(extend_prefix_lens_cpu, op, "extend_prefix_lens_cpu", Access::read);
+    b.out_cache_loc = to_view(out_cache_loc, op, "out_cache_loc", Access::read);
+    b.req_to_page = to_view(req_to_page, op, "req_to_page", Access::read);
     for (const auto& [id, table] : group_tables) {
-      b.group_tables.push_back({id, to_view(table, op, "group_tables")});
+      b.group_tables.push_back({id, to_view(table, op, "group_tables", Access::read)});
     }
     return b;
   }
@@ -56,7 +56,7 @@ struct PyLayerSpec {
 
   LayerSpec view(const char* op) const {
     LayerSpec s = spec;
-    s.sinks = to_view(sinks, op, "layer.sinks");
+    s.sinks = to_view(sinks, op, "layer.sinks", Access::read);
     return s;
   }
 };
@@ -108,10 +108,13 @@ class PyBackend {
                std::optional<std::uintptr_t> stream) {
     const char* op = Extend ? "MhaBackend.forward_extend" : "MhaBackend.forward_decode";
     set_stream(stream);
-    const TensorView q_ = to_view(q, op, "q"), k_ = to_view(k, op, "k"), v_ = to_view(v, op, "v"),
-                     loc = to_view(out_cache_loc, op, "out_cache_loc"),
-                     o = to_view(out_arg, op, "out");
-    const KvCacheView kv{to_view(k_cache, op, "k_cache"), to_view(v_cache, op, "v_cache")};
+    // Only out and the caches are written: read-only arrays are fine for the rest.
+    const TensorView q_ = to_view(q, op, "q", Access::read), k_ = to_view(k, op, "k", Access::read),
+                     v_ = to_view(v, op, "v", Access::read),
+                     loc = to_view(out_cache_loc, op, "out_cache_loc", Access::read),
+                     o = to_view(out_arg, op, "out", Access::write);
+    const KvCacheView kv{to_view(k_cache, op, "k_cache", Access::write),
+                         to_view(v_cache, op, "v_cache", Access::write)};
     const LayerSpec spec = layer.view(op);
     // The result is `out` viewed as [T, Hq * D]; the Python layer returns that view.
     nb::gil_scoped_release release;
@@ -126,7 +129,7 @@ class PyBackend {
                                   const ArrayArg& loc) {
     const TensorView t = impl_->select_out_cache_loc(
         layer.view("MhaBackend.select_out_cache_loc"), mode,
-        to_view(loc, "MhaBackend.select_out_cache_loc", "out_cache_loc"));
+        to_view(loc, "MhaBackend.select_out_cache_loc", "out_cache_loc", Access::read));
     return export_view(t, loc, self);
   }
 
@@ -141,7 +144,7 @@ class PyBackend {
                              std::optional<std::uintptr_t> stream) {
     set_stream(stream);
     impl_->init_cuda_graph_state(
-        max_bs, to_view(seq_lens_buf, "MhaBackend.init_cuda_graph_state", "seq_lens_buf"),
+        max_bs, to_view(seq_lens_buf, "MhaBackend.init_cuda_graph_state", "seq_lens_buf", Access::read),
         cache_group_ids);
     seq_lens_buf_ = seq_lens_buf;  // aliased by every captured decode slot
   }
@@ -164,7 +167,7 @@ class PyBackend {
     set_stream(stream);
     impl_->fill_block_decode_seq_lens(bs,
                                       to_view(block_ends, "MhaBackend.fill_block_decode_seq_lens",
-                                              "block_ends"));
+                                              "block_ends", Access::read));
   }
 
  private:

@@ -689,12 +689,15 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
                     {"cu_seqlens_q", "batch.extend_seq_lens_cpu"}, {"sinks", "layer.sinks"}},
                    check);
   };
+  // With debug validation the value checks run here too, skipping the slots this step
+  // overwrites (append_kv checks their new rows before writing them).
+  const TensorView written = save ? loc.slice(0, 0, T) : TensorView{};
   if (plan.t_pre > 0) {
     prefill_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& cu, int mq,
                      const TensorView& orr) {
       as_user_args("batch_prefill", [&] {
         detail::check_batch_prefill("batch_prefill", qr, kv.k_cache, kv.v_cache, tr, sl, cu, config_.page_size, mq,
-                                    orr, params, {}, plan_ws);
+                                    orr, params, {}, plan_ws, written, s);
       });
     });
   }
@@ -702,7 +705,7 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
     decode_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& orr) {
       as_user_args("batch_decode", [&] {
         detail::check_batch_decode("batch_decode", qr, kv.k_cache, kv.v_cache, tr, sl, config_.page_size,
-                                   plan.dec_q_len, orr, params, {}, workspace);
+                                   plan.dec_q_len, orr, params, {}, workspace, written, s);
       });
     });
   }

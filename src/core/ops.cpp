@@ -1,5 +1,6 @@
 // The validating front end: every op checks its arguments once, resolves a
-// detail::*Problem and hands it to exactly one device implementation.
+// detail::*Problem and hands it to exactly one device implementation. The metadata ops
+// are in metadata_ops.cpp.
 #include "pagedmha/ops.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <limits>
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -17,6 +19,7 @@
 #include "cpu/convert.h"
 #include "cpu/cpu_ops.h"
 #include "pagedmha/error.h"
+#include "pagedmha/memory.h"
 #if PAGEDMHA_WITH_CUDA
 #include "cuda/cuda_ops.h"
 #endif
@@ -24,27 +27,20 @@
 namespace pagedmha {
 
 using detail::ArgCheck;
+using detail::ceil_div;
 using detail::str;
 
 namespace {
 
 std::atomic<bool> g_debug_validation{false};
 
-using Named = std::pair<const TensorView*, const char*>;
+using detail::Named;
 
 // Devices are checked first: a tensor on the wrong device must not be dereferenced.
 void same_device(const ArgCheck& chk, Device dev, std::initializer_list<Named> tensors) {
   for (const auto& [t, name] : tensors) {
     if (t->defined()) chk.device(*t, name, dev);
   }
-}
-
-constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-detail::Int32Matrix int32_matrix(const TensorView& t) {
-  return {t.ptr<int32_t>(), t.stride(0), t.size(0), t.size(1)};
 }
 
 // The parts of batch_decode / batch_prefill that do not depend on how queries are
@@ -113,6 +109,12 @@ detail::AttentionProblem resolve_attention(const ArgCheck& chk, const TensorView
     chk.fail("page_table", "shape [" + str(batch) + ", *] (one row per seq_lens entry)", page_table.shape_str());
   }
   const int page_table_cols = chk.int32_size(page_table, "page_table", 1);
+  if (lse.defined()) chk.disjoint(lse, "lse", out, "out");
+  for (const auto& [w, name] : {Named{&out, "out"}, Named{&lse, "lse"}}) {
+    chk.disjoint_from_inputs(*w, name,
+                         {{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&page_table, "page_table"},
+                          {&seq_lens, "seq_lens"}, {&params.sinks, "sinks"}});
+  }
 
   p.q = q.data;
   p.q_dtype = q.dtype;
@@ -194,8 +196,10 @@ void check_attention_values(const ArgCheck& chk, const detail::AttentionProblem&
 // 2^31 weights <= 1 times |v| <= 2^56 stay finite.
 constexpr float kMaxInputMagnitude = 72057594037927936.0f;  // 2^56
 
-// Debug validation on the CPU: q and the K / V rows a request reads are in range.
-void check_input_range(const ArgCheck& chk, const detail::AttentionProblem& p) {
+// Debug validation on the CPU: q and the K / V rows a request reads are in range, but for
+// the cache slots in `skip` (sorted: rows the caller is about to overwrite with new
+// values that append_kv checks itself).
+void check_input_range(const ArgCheck& chk, const detail::AttentionProblem& p, const std::vector<int32_t>& skip = {}) {
   const int D = p.head_dim;
   std::vector<float> row(static_cast<std::size_t>(D));
   const auto in_range = [&](const void* base, DType t, int64_t off) {
@@ -219,6 +223,7 @@ void check_input_range(const ArgCheck& chk, const detail::AttentionProblem& p) {
     const int32_t* table = p.page_table + b * p.page_table_row_stride;
     for (int64_t j = p.mask().first_key(L, n); j < L; ++j) {
       const int64_t page = table[j / p.kv.page_size], off = j % p.kv.page_size;
+      if (std::binary_search(skip.begin(), skip.end(), page * p.kv.page_size + off)) continue;
       for (int h = 0; h < p.num_kv_heads; ++h) {
         const detail::PagedCache* caches[2] = {&p.kv.k, &p.kv.v};
         for (int c = 0; c < 2; ++c) {
@@ -226,6 +231,27 @@ void check_input_range(const ArgCheck& chk, const detail::AttentionProblem& p) {
           if (!in_range(pc.data, p.kv.dtype, page * pc.page_stride + off * pc.token_stride + h * pc.head_stride)) {
             chk.fail(c == 0 ? "k_cache" : "v_cache", expect,
                      "a value outside that range at key " + str(j) + " of request " + str(b));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Debug validation on the CPU: append_kv's new K / V rows are in range, checked before
+// anything is written (the attention that reads them would reject them after the write).
+void check_new_rows(const ArgCheck& chk, const detail::AppendKvProblem& p) {
+  const int D = p.kv.head_dim;
+  std::vector<float> row(static_cast<std::size_t>(D));
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    for (int h = 0; h < p.kv.num_kv_heads; ++h) {
+      for (const auto& [base, off, arg] : {std::tuple{p.k, t * p.k_row_stride + h * p.k_head_stride, "k"},
+                                           std::tuple{p.v, t * p.v_row_stride + h * p.v_head_stride, "v"}}) {
+        cpu::load_row(cpu::offset(base, p.src_dtype, off), p.src_dtype, D, row.data());
+        for (float x : row) {
+          if (!(std::fabs(x) <= kMaxInputMagnitude)) {
+            chk.fail(arg, "finite values of magnitude <= 2^56 (docs/semantics.md: larger ones may overflow fp32)",
+                     "a value outside that range at token " + str(t) + ", head " + str(h));
           }
         }
       }
@@ -252,6 +278,33 @@ void run_attention(const ArgCheck& chk, detail::AttentionProblem& p, bool decode
   }
 #else
   (void)decode;
+#endif
+}
+
+// Debug validation for a caller that writes the step's K / V before the op runs
+// (MhaBackend): the checks run_attention makes on the values, made before that write, on
+// everything the op will read except the slots in `overwritten` (out_cache_loc: their new
+// rows are checked by append_kv before it writes them). A rejected step then leaves the
+// cache unchanged.
+void check_values_before_write(const ArgCheck& chk, const detail::AttentionProblem& p,
+                               const TensorView& overwritten) {
+  if (!debug_validation() || p.batch == 0) return;
+  // A malformed out_cache_loc (append_kv rejects it before writing) skips nothing.
+  const bool usable = overwritten.defined() && overwritten.dtype == DType::int32 && overwritten.ndim == 1 &&
+                      (overwritten.numel() <= 1 || overwritten.stride(0) == 1);
+  std::vector<int32_t> slots(static_cast<std::size_t>(usable ? overwritten.numel() : 0));
+  if (!slots.empty()) {
+    copy_bytes(slots.data(), Device::cpu(), overwritten.data, overwritten.device, slots.size() * 4, Stream{p.stream});
+    synchronize(Stream{p.stream});
+  }
+  std::sort(slots.begin(), slots.end());
+  if (p.device.is_cpu()) {
+    check_input_range(chk, p, slots);  // check_attention_values ran already (the front end's checks)
+    return;
+  }
+#if PAGEDMHA_WITH_CUDA
+  cuda::validate_page_ids(p);
+  cuda::validate_values(p, kMaxInputMagnitude, slots);
 #endif
 }
 
@@ -288,6 +341,9 @@ void append_kv(const TensorView& k, const TensorView& v, const TensorView& k_cac
              k.shape_str());
   }
   chk.int32_vector(out_cache_loc, "out_cache_loc", dev, k.size(0));
+  for (const auto& [w, name] : {Named{&k_cache, "k_cache"}, Named{&v_cache, "v_cache"}}) {
+    chk.disjoint_from_inputs(*w, name, {{&k, "k"}, {&v, "v"}, {&out_cache_loc, "out_cache_loc"}});
+  }
   for (const auto& [s, name] : {std::pair{k_scale, "k_scale"}, std::pair{v_scale, "v_scale"}}) {
     if (!std::isfinite(s) || s <= 0.0f) chk.fail(name, "a finite value > 0", str(s));
   }
@@ -315,16 +371,32 @@ void append_kv(const TensorView& k, const TensorView& v, const TensorView& k_cac
         chk.fail("out_cache_loc", "slots in [0, " + str(num_slots) + ")", str(s) + " at index " + str(t));
       }
     }
+    if (debug_validation()) check_new_rows(chk, p);
     cpu::append_kv(p);
     return;
   }
 #if PAGEDMHA_WITH_CUDA
-  if (debug_validation()) cuda::validate_slots(p);
+  if (debug_validation()) {
+    cuda::validate_slots(p);
+    cuda::validate_new_rows(p, kMaxInputMagnitude);
+  }
   cuda::append_kv(p);
 #endif
 }
 
 namespace {
+
+// The workspace is written too: apart from the outputs and from every input.
+void written_workspace(const ArgCheck& chk, const TensorView& workspace, const TensorView& q,
+                       const TensorView& k_cache, const TensorView& v_cache, const TensorView& page_table,
+                       const TensorView& seq_lens, const TensorView& out, const AttentionParams& params,
+                       const TensorView& lse, const TensorView& cu_seqlens_q) {
+  chk.disjoint(workspace, "workspace", out, "out");
+  if (lse.defined()) chk.disjoint(workspace, "workspace", lse, "lse");
+  chk.disjoint_from_inputs(workspace, "workspace",
+                       {{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&page_table, "page_table"},
+                        {&seq_lens, "seq_lens"}, {&params.sinks, "sinks"}, {&cu_seqlens_q, "cu_seqlens_q"}});
+}
 
 // batch_decode's checks (all but the device-side values): the problem to run.
 detail::AttentionProblem resolve_decode(const ArgCheck& chk, const TensorView& q, const TensorView& k_cache,
@@ -347,6 +419,7 @@ detail::AttentionProblem resolve_decode(const ArgCheck& chk, const TensorView& q
     chk.ndim(workspace, "workspace", 1);
     chk.dtype(workspace, "workspace", DType::uint8);
     chk.last_dim_contiguous(workspace, "workspace");
+    written_workspace(chk, workspace, q, k_cache, v_cache, page_table, seq_lens, out, params, lse, {});
     p.workspace = workspace.data;
     p.workspace_bytes = static_cast<std::size_t>(workspace.size(0));
   }
@@ -369,7 +442,10 @@ void batch_decode(const TensorView& q, const TensorView& k_cache, const TensorVi
   detail::AttentionProblem p = resolve_decode(chk, q, k_cache, v_cache, page_table, seq_lens, page_size,
                                               q_len_per_req, out, params, lse, workspace);
   p.stream = stream.handle;
-  if (p.batch == 0) return;
+  if (p.batch == 0) {  // validated, then a no-op (docs/semantics.md section 8.1)
+    if (p.device.is_cpu()) check_attention_values(chk, p);
+    return;
+  }
   run_attention(chk, p, /*decode=*/true);
 }
 
@@ -417,6 +493,8 @@ detail::AttentionProblem resolve_prefill(const ArgCheck& chk, const TensorView& 
                                                  params, lse, {&cu_seqlens_q, "cu_seqlens_q"});
   same_device(chk, p.device, {{&workspace, "workspace"}});
   chk.int32_vector(cu_seqlens_q, "cu_seqlens_q", p.device, static_cast<int64_t>(p.batch) + 1);
+  chk.disjoint_from_input(out, "out", cu_seqlens_q, "cu_seqlens_q");
+  if (lse.defined()) chk.disjoint_from_input(lse, "lse", cu_seqlens_q, "cu_seqlens_q");
   chk.int_at_least(max_q_len, "max_q_len", p.num_rows > 0 ? 1 : 0);
   p.cu_seqlens_q = cu_seqlens_q.ptr<const int32_t>();
   p.max_q_len = max_q_len;
@@ -425,6 +503,7 @@ detail::AttentionProblem resolve_prefill(const ArgCheck& chk, const TensorView& 
     chk.dtype(workspace, "workspace", DType::uint8);
     chk.last_dim_contiguous(workspace, "workspace");
     chk.aligned16(workspace, "workspace");
+    written_workspace(chk, workspace, q, k_cache, v_cache, page_table, seq_lens, out, params, lse, cu_seqlens_q);
     p.workspace = workspace.data;
     p.workspace_bytes = static_cast<std::size_t>(workspace.size(0));
   }
@@ -458,21 +537,26 @@ namespace detail {
 void check_batch_decode(const char* op, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                         const TensorView& page_table, const TensorView& seq_lens, int page_size, int q_len_per_req,
                         const TensorView& out, const AttentionParams& params, const TensorView& lse,
-                        const TensorView& workspace) {
+                        const TensorView& workspace, const TensorView& overwritten_slots, Stream stream) {
   const ArgCheck chk(op);
-  const AttentionProblem p = resolve_decode(chk, q, k_cache, v_cache, page_table, seq_lens, page_size, q_len_per_req,
-                                            out, params, lse, workspace);
-  if (p.device.is_cpu() && p.batch > 0) check_attention_values(chk, p);
+  AttentionProblem p = resolve_decode(chk, q, k_cache, v_cache, page_table, seq_lens, page_size, q_len_per_req, out,
+                                      params, lse, workspace);
+  p.stream = stream.handle;
+  if (p.device.is_cpu()) check_attention_values(chk, p);
+  check_values_before_write(chk, p, overwritten_slots);
 }
 
 void check_batch_prefill(const char* op, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                          const TensorView& page_table, const TensorView& seq_lens, const TensorView& cu_seqlens_q,
                          int page_size, int max_q_len, const TensorView& out, const AttentionParams& params,
-                         const TensorView& lse, const TensorView& workspace) {
+                         const TensorView& lse, const TensorView& workspace, const TensorView& overwritten_slots,
+                         Stream stream) {
   const ArgCheck chk(op);
-  const AttentionProblem p = resolve_prefill(chk, q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q,
-                                             page_size, max_q_len, out, params, lse, workspace);
+  AttentionProblem p = resolve_prefill(chk, q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, page_size,
+                                       max_q_len, out, params, lse, workspace);
+  p.stream = stream.handle;
   if (p.device.is_cpu()) check_attention_values(chk, p);
+  if (p.num_rows > 0) check_values_before_write(chk, p, overwritten_slots);
 }
 
 }  // namespace detail
@@ -555,215 +639,6 @@ void merge_attention_states(const TensorView& o, const TensorView& lse, const Te
 #if PAGEDMHA_WITH_CUDA
   cuda::merge_attention_states(p);
 #endif
-}
-
-void gather_page_table_with_padding(const TensorView& req_to_page, const TensorView& req_pool_indices,
-                                    const TensorView& seq_lens, const TensorView& out, int bs, int cols,
-                                    int page_size, Stream stream) {
-  const ArgCheck chk("gather_page_table_with_padding");
-  chk.int32_matrix(req_to_page, "req_to_page", req_to_page.device);
-  const Device dev = req_to_page.device;
-  chk.device_supported(dev);
-  chk.int32_vector(req_pool_indices, "req_pool_indices", dev, -1);
-  chk.int32_vector(seq_lens, "seq_lens", dev, -1);
-  chk.int32_matrix(out, "out", dev);
-  chk.no_self_overlap(out, "out");
-  chk.int_at_least(page_size, "page_size", 1);
-  chk.int_at_least(bs, "bs", 0);
-  chk.int_at_least(cols, "cols", 0);
-  if (cols > req_to_page.size(1)) {
-    chk.fail("cols", "<= " + str(req_to_page.size(1)) + " (req_to_page capacity, max_pages)", str(cols));
-  }
-  chk.size_at_least(req_pool_indices, "req_pool_indices", 0, bs);
-  chk.size_at_least(seq_lens, "seq_lens", 0, bs);
-  chk.size_at_least(out, "out", 0, bs);
-  chk.size_at_least(out, "out", 1, cols);
-
-  detail::GatherPageTableProblem p;
-  p.req_to_page = int32_matrix(req_to_page);
-  p.req_pool_indices = req_pool_indices.ptr<const int32_t>();
-  p.seq_lens = seq_lens.ptr<const int32_t>();
-  p.out = int32_matrix(out);
-  p.bs = bs;
-  p.cols = cols;
-  p.page_size = page_size;
-  p.device = dev;
-  p.stream = stream.handle;
-  if (bs == 0) return;
-
-  if (dev.is_cpu()) {
-    chk.non_negative(p.seq_lens, bs, "seq_lens");
-    for (int r = 0; r < bs; ++r) {
-      const int32_t idx = p.req_pool_indices[r];
-      if (idx < 0 || idx >= p.req_to_page.rows) {
-        chk.fail("req_pool_indices", "rows of req_to_page in [0, " + str(p.req_to_page.rows) + ")",
-                 str(idx) + " at index " + str(r));
-      }
-      if (ceil_div(p.seq_lens[r], page_size) > cols) {
-        chk.fail("seq_lens", "ceil(seq_lens[r] / page_size) <= cols " + str(cols),
-                 str(p.seq_lens[r]) + " at index " + str(r));
-      }
-    }
-    if (cols > 0) cpu::gather_page_table(p);
-    return;
-  }
-#if PAGEDMHA_WITH_CUDA
-  if (cols > 0) cuda::gather_page_table(p);
-#endif
-}
-
-namespace {
-
-void run_metadata(const detail::MetadataProblem& p) {
-  if (p.device.is_cpu()) {
-    cpu::metadata(p);
-    return;
-  }
-#if PAGEDMHA_WITH_CUDA
-  cuda::metadata(p);
-#endif
-}
-
-// Positions [pos_begin, pos_end] of request r must lie inside the page table and map
-// to int32 slots: every page column they touch holds an id with id * P + P - 1 < 2^31.
-void check_positions(const ArgCheck& chk, const detail::MetadataProblem& p, int64_t r, int64_t pos_begin,
-                     int64_t pos_end, const char* arg) {
-  const int64_t P = p.page_size;
-  if (pos_end / P >= p.page_table.cols) {
-    chk.fail(arg, "positions inside the page table (" + str(p.page_table.cols) + " columns of " + str(P) + " tokens)",
-             "position " + str(pos_end) + " for request " + str(r));
-  }
-  for (int64_t c = pos_begin / P; c <= pos_end / P; ++c) {
-    const int64_t page = p.page_table.data[r * p.page_table.row_stride + c];
-    if (page < 0 || page * P + P - 1 > kMaxInt) {
-      chk.fail("page_table", "page ids giving int32 slots in [0, 2^31)",
-               str(page) + " at [" + str(r) + ", " + str(c) + "]");
-    }
-  }
-}
-
-}  // namespace
-
-void cumsum_lengths(const TensorView& lengths, const TensorView& out, Stream stream) {
-  const ArgCheck chk("cumsum_lengths");
-  chk.int32_vector(lengths, "lengths", lengths.device, -1);
-  chk.device_supported(lengths.device);
-  chk.int32_vector(out, "out", lengths.device, lengths.size(0) + 1);
-  detail::MetadataProblem p;
-  p.op = detail::MetadataOp::cumsum_lengths;
-  p.in = lengths.ptr<const int32_t>();
-  p.out = out.ptr<int32_t>();
-  p.n = lengths.size(0);
-  p.device = lengths.device;
-  p.stream = stream.handle;
-  if (p.device.is_cpu()) {
-    chk.non_negative(p.in, p.n, "lengths");
-    int64_t total = 0;
-    for (int64_t i = 0; i < p.n; ++i) total += p.in[i];
-    if (total > kMaxInt) chk.fail("lengths", "a total below 2^31", str(total));
-  }
-  run_metadata(p);
-}
-
-void clamp_seq_lens(const TensorView& seq_lens, int min_len, const TensorView& out, Stream stream) {
-  clamp_seq_lens(seq_lens, min_len, std::numeric_limits<int32_t>::max(), 1, out, stream);
-}
-
-void clamp_seq_lens(const TensorView& seq_lens, int min_len, int max_len, int repeat, const TensorView& out,
-                    Stream stream) {
-  const ArgCheck chk("clamp_seq_lens");
-  chk.int32_vector(seq_lens, "seq_lens", seq_lens.device, -1);
-  chk.device_supported(seq_lens.device);
-  chk.int_at_least(min_len, "min_len", 0);
-  chk.int_at_least(max_len, "max_len", min_len);
-  chk.int_at_least(repeat, "repeat", 1);
-  chk.int32_vector(out, "out", seq_lens.device, seq_lens.size(0) * repeat);
-  detail::MetadataProblem p;
-  p.op = detail::MetadataOp::clamp_seq_lens;
-  p.in = seq_lens.ptr<const int32_t>();
-  p.out = out.ptr<int32_t>();
-  p.n = seq_lens.size(0);
-  p.value = min_len;
-  p.max_value = max_len;
-  p.repeat = repeat;
-  p.device = seq_lens.device;
-  p.stream = stream.handle;
-  if (p.n == 0) return;
-  if (p.device.is_cpu()) chk.non_negative(p.in, p.n, "seq_lens");
-  run_metadata(p);
-}
-
-void decode_write_slots(const TensorView& page_table, const TensorView& seq_lens, int page_size, int q_len_per_req,
-                        const TensorView& out, Stream stream) {
-  const ArgCheck chk("decode_write_slots");
-  chk.int32_vector(seq_lens, "seq_lens", seq_lens.device, -1);
-  const Device dev = seq_lens.device;
-  chk.device_supported(dev);
-  const int64_t bs = seq_lens.size(0);
-  chk.int32_matrix(page_table, "page_table", dev);
-  if (page_table.size(0) != bs) {
-    chk.fail("page_table", "shape [" + str(bs) + ", *] (one row per seq_lens entry)", page_table.shape_str());
-  }
-  chk.int_at_least(page_size, "page_size", 1);
-  chk.int_at_least(q_len_per_req, "q_len_per_req", 1);
-  chk.int32_vector(out, "out", dev, bs * q_len_per_req);
-  detail::MetadataProblem p;
-  p.op = detail::MetadataOp::decode_write_slots;
-  p.page_table = int32_matrix(page_table);
-  p.in = seq_lens.ptr<const int32_t>();
-  p.out = out.ptr<int32_t>();
-  p.n = bs;
-  p.page_size = page_size;
-  p.value = q_len_per_req;
-  p.device = dev;
-  p.stream = stream.handle;
-  if (bs == 0) return;
-  if (dev.is_cpu()) {
-    chk.non_negative(p.in, bs, "seq_lens");
-    for (int64_t r = 0; r < bs; ++r) {
-      const int64_t L = p.in[r];
-      check_positions(chk, p, r, std::max<int64_t>(L - q_len_per_req, 0), std::max<int64_t>(L - 1, 0), "seq_lens");
-    }
-  }
-  run_metadata(p);
-}
-
-void extend_write_slots(const TensorView& page_table, const TensorView& prefix_lens, const TensorView& cu_seqlens_q,
-                        int page_size, const TensorView& out, Stream stream) {
-  const ArgCheck chk("extend_write_slots");
-  chk.int32_vector(prefix_lens, "prefix_lens", prefix_lens.device, -1);
-  const Device dev = prefix_lens.device;
-  chk.device_supported(dev);
-  const int64_t bs = prefix_lens.size(0);
-  chk.int32_matrix(page_table, "page_table", dev);
-  if (page_table.size(0) != bs) {
-    chk.fail("page_table", "shape [" + str(bs) + ", *] (one row per prefix_lens entry)", page_table.shape_str());
-  }
-  chk.int32_vector(cu_seqlens_q, "cu_seqlens_q", dev, bs + 1);
-  chk.int32_vector(out, "out", dev, -1);
-  chk.int_at_least(page_size, "page_size", 1);
-  detail::MetadataProblem p;
-  p.op = detail::MetadataOp::extend_write_slots;
-  p.page_table = int32_matrix(page_table);
-  p.in = prefix_lens.ptr<const int32_t>();
-  p.cu_seqlens_q = cu_seqlens_q.ptr<const int32_t>();
-  p.out = out.ptr<int32_t>();
-  p.n = bs;
-  p.page_size = page_size;
-  p.device = dev;
-  p.stream = stream.handle;
-  if (bs == 0) return;
-  if (dev.is_cpu()) {
-    chk.non_negative(p.in, bs, "prefix_lens");
-    const int64_t total = p.cu_seqlens_q[bs];
-    if (total > out.size(0)) chk.fail("out", "at least cu_seqlens_q[bs] = " + str(total) + " slots", out.shape_str());
-    chk.prefix_sums(p.cu_seqlens_q, bs, total, "cu_seqlens_q");
-    for (int64_t r = 0; r < bs; ++r) {
-      const int64_t n = p.cu_seqlens_q[r + 1] - p.cu_seqlens_q[r];
-      if (n > 0) check_positions(chk, p, r, p.in[r], int64_t{p.in[r]} + n - 1, "prefix_lens");
-    }
-  }
-  run_metadata(p);
 }
 
 }  // namespace pagedmha

@@ -248,6 +248,11 @@ void ArgCheck::disjoint_from_input(const TensorView& w, const char* arg, const T
   }
 }
 
+void ArgCheck::disjoint_from_inputs(const TensorView& w, const char* arg, std::initializer_list<Named> inputs) const {
+  if (!w.defined()) return;
+  for (const auto& [in, name] : inputs) disjoint_from_input(w, arg, *in, name);
+}
+
 int ArgCheck::int32_size(const TensorView& t, const char* arg, int dim) const {
   const int64_t v = t.size(dim);
   if (v > std::numeric_limits<int32_t>::max()) {

@@ -6,11 +6,15 @@
 #include <initializer_list>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "core/problem.h"
 #include "pagedmha/tensor.h"
 
 namespace pagedmha::detail {
+
+/// A tensor argument and its name in errors.
+using Named = std::pair<const TensorView*, const char*>;
 
 /// Checks bound to one op name, so every message starts with "<op>: ".
 class ArgCheck {
@@ -48,6 +52,10 @@ class ArgCheck {
                             const char* parts_arg) const;
   /// A written view `w` shares no element with the input `in` (skipped when absent).
   void disjoint_from_input(const TensorView& w, const char* arg, const TensorView& in, const char* in_arg) const;
+  /// A written view `w` shares no element with any of `inputs` (absent ones skipped; a
+  /// no-op for an absent `w`): an output laid over the op's own metadata, query or cache
+  /// would change its inputs while it runs (a page id or slot rewritten after its check).
+  void disjoint_from_inputs(const TensorView& w, const char* arg, std::initializer_list<Named> inputs) const;
   /// t.size(dim) as an int; fails when it exceeds 2^31 - 1.
   int int32_size(const TensorView& t, const char* arg, int dim) const;
   /// int32, 1-d, contiguous, on `dev`, exactly `len` elements (len < 0: any length).
@@ -87,5 +95,15 @@ bool overlaps(const TensorView& t, const TensorView& other);
 /// on `dev`, head dim supported. `allowed` lists the accepted cache dtypes.
 KvCacheDesc resolve_cache(const ArgCheck& chk, const TensorView& k_cache, const TensorView& v_cache,
                           int page_size, Device dev, std::initializer_list<DType> allowed);
+
+/// The largest int32 value (sizes and slots the kernels index with int32).
+constexpr int64_t kMaxInt32 = 2147483647;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/// An int32 [rows, cols] view (checked with ArgCheck::int32_matrix) as a problem field.
+inline Int32Matrix int32_matrix(const TensorView& t) {
+  return {t.ptr<int32_t>(), t.stride(0), t.size(0), t.size(1)};
+}
 
 }  // namespace pagedmha::detail

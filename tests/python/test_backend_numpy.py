@@ -87,6 +87,42 @@ def test_backend_extend_then_decode(rng, scaling):
     assert backend.select_out_cache_loc(layer, pm.ForwardMode.decode, loc) is loc
 
 
+def test_backend_read_only_inputs_accepted_outputs_rejected(rng):
+    """The backend writes only out and the caches: read-only metadata, q, k, v and sinks
+    give the same step; a read-only out or cache is an error naming it."""
+    req_to_page, k_cache, v_cache = _engine(rng)
+    backend = pm.create_backend("trtllm", page_size=P, context_len=CONTEXT, kv_cache_dtype="fp16",
+                                out_dtype="fp16", max_bs=MAX_BS, num_q_heads=HQ,
+                                num_kv_heads=HKV, head_dim=D)
+    sinks = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, window_left=-1,
+                         sinks=sinks)
+    rpi = np.array([2, 1], np.int32)
+    seq_lens = np.array([3, 5], np.int32)
+    loc = _slots(req_to_page, rpi, seq_lens - 1)
+    q = fp16(rng.standard_normal((2, HQ * D)))
+    k = fp16(rng.standard_normal((2, HKV * D)))
+    v = fp16(rng.standard_normal((2, HKV * D)))
+
+    def step(out):
+        batch = pm.ForwardBatch(forward_mode=pm.ForwardMode.decode, batch_size=2, req_pool_indices=rpi,
+                                seq_lens=seq_lens, req_to_page=req_to_page, out_cache_loc=loc)
+        backend.init_forward_metadata(batch)
+        return backend.forward_decode(q, k, v, layer, k_cache, v_cache, loc, 2, out)
+
+    want = step(np.full((2, HQ * D), np.nan, np.float16)).copy()
+    for a in (rpi, seq_lens, req_to_page, loc, q, k, v, sinks):
+        a.setflags(write=False)
+    np.testing.assert_array_equal(step(np.full((2, HQ * D), np.nan, np.float16)), want)
+    out = np.zeros((2, HQ * D), np.float16)
+    out.setflags(write=False)
+    with pytest.raises(pm.Error, match=r"^MhaBackend.forward_decode: out: expected a writable array"):
+        step(out)
+    k_cache.setflags(write=False)
+    with pytest.raises(pm.Error, match=r"^MhaBackend.forward_decode: k_cache: expected a writable array"):
+        step(np.zeros((2, HQ * D), np.float16))
+
+
 def test_backend_bad_batch_size(rng):
     req_to_page, _, _ = _engine(rng)
     backend = pm.create_backend(page_size=P, context_len=CONTEXT, kv_cache_dtype="fp16",

@@ -10,6 +10,8 @@
 #include <string>
 
 #include "backend_fixture.h"
+#include "common/error_text.h"
+#include "pagedmha/ops.h"
 
 namespace btest {
 namespace {
@@ -123,6 +125,70 @@ TEST_P(RejectUnchanged, PoolAndOutputBitwiseUnchanged) {
     be.forward_decode(q.view(), k.view(), v.view(), layer.spec, layer.kv(), loc.view(), 2, out.view());
   }
   EXPECT_NE(checksum(layer.k.bytes), k0);
+}
+
+// Debug validation's range checks (q, the new K / V, the cache rows read) ran inside the
+// attention ops, after the step's K / V were written: a rejected step had changed the
+// pool. Now they run first, skipping only the slots the step overwrites.
+TEST(RejectUnchangedDebug, RangeChecksRunBeforeTheWrite) {
+  struct DebugOn {
+    DebugOn() { set_debug_validation(true); }
+    ~DebugOn() { set_debug_validation(false); }
+  } debug;
+  std::mt19937 rng(12);
+  Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
+  V t(static_cast<size_t>(kMaxBs + 1) * (C / P), 0);
+  for (int i = 1; i <= kMaxBs; ++i)
+    for (int c = 0; c < C / P; ++c) t[static_cast<size_t>(i) * (C / P) + c] = 1 + (i - 1) * (C / P) + c;
+  Ints r2p(t, kMaxBs + 1, C / P), seq({5, 6}), rpi({1, 2});
+  BackendConfig cfg;
+  cfg.page_size = P, cfg.context_len = C, cfg.max_bs = kMaxBs;
+  cfg.num_q_heads = Hq, cfg.num_kv_heads = Hkv, cfg.head_dim = D;
+  MhaBackend be(cfg);
+  ForwardBatch fb;
+  fb.forward_mode = ForwardMode::decode;
+  fb.batch_size = 2;
+  fb.seq_lens = seq.view();
+  fb.req_pool_indices = rpi.view();
+  fb.req_to_page = r2p.view();
+  be.init_forward_metadata(fb);
+  // The new tokens' slots: position 4 of request 1 (page 2), position 5 of request 2 (page 10).
+  Ints loc({2 * P + 0, 10 * P + 1});
+  Floats q(DType::bf16, {2, Hq * D}), k(DType::bf16, {2, Hkv * D}), v(DType::bf16, {2, Hkv * D}),
+      out(DType::bf16, {2, Hq * D});
+  q.randomize(rng), k.randomize(rng), v.randomize(rng), out.randomize(rng);
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const int64_t row = int64_t{Hkv} * D;  // elements per cache slot
+  const auto step = [&] {
+    return testutil::error_of([&] { be.forward_decode(q.view(), k.view(), v.view(), layer.spec, layer.kv(), loc.view(), 2, out.view()); });
+  };
+  struct Poison {
+    const char* name;
+    Floats* t;
+    int64_t at;
+    double x;
+    const char* what;
+  } cases[] = {
+      {"NaN in q", &q, Hq * D + 5, nan, "q"},
+      {"inf in the new k", &k, row + 3, inf, "k"},
+      {"NaN in a cache row read (request 1, key 1: slot 5)", &layer.k, 5 * row + 7, nan, "k_cache"},
+  };
+  for (const Poison& c : cases) {
+    const double kept = c.t->get(c.at);
+    c.t->set(c.at, c.x);
+    const uint64_t k0 = checksum(layer.k.bytes), v0 = checksum(layer.v.bytes), o0 = checksum(out.bytes);
+    const std::string msg = step();
+    EXPECT_NE(msg.find(c.what), std::string::npos) << c.name << ": " << msg;
+    EXPECT_NE(msg.find("2^56"), std::string::npos) << c.name << ": " << msg;
+    EXPECT_EQ(checksum(layer.k.bytes), k0) << c.name << ": K pool changed";
+    EXPECT_EQ(checksum(layer.v.bytes), v0) << c.name << ": V pool changed";
+    EXPECT_EQ(checksum(out.bytes), o0) << c.name << ": out changed";
+    c.t->set(c.at, kept);
+  }
+  // A bad value in a slot this step overwrites is not read: the step runs and writes it.
+  layer.k.set(2 * P * row + 1, nan);
+  EXPECT_EQ(step(), "");
+  EXPECT_EQ(layer.k.get(2 * P * row + 1), k.get(1));
 }
 
 INSTANTIATE_TEST_SUITE_P(Steps, RejectUnchanged, ::testing::Values(false, true),
