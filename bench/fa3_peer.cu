@@ -87,12 +87,7 @@ double run_shape(const PeerShape& s, int sms, cudaStream_t stream) {
     CHECK(cudaMemsetAsync(semaphore, 0, 4, stream));
     launch_fa3<D>(p, stream);
   };
-  launch();
-  launch();
-  CHECK(cudaStreamSynchronize(stream));
-  const double us = variants::median_us(stream, 10, [&] {
-    for (int i = 0; i < 10; ++i) launch();
-  });
+  const double us = variants::launches_median_us(stream, launch);
   for (void* x : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
                   static_cast<void*>(lse), static_cast<void*>(semaphore)}) {
     cudaFree(x);

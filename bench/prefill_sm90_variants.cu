@@ -125,12 +125,7 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   }
   const AttentionArgs a = make_attention_args(p);
   auto launch = [&] { sm90::run_prefill<D, __nv_bfloat16, KV>(p, a, sms, stream); };
-  launch();
-  launch();
-  CHECK(cudaStreamSynchronize(stream));
-  const double us = variants::median_us(stream, 10, [&] {
-    for (int i = 0; i < 10; ++i) launch();
-  });
+  const double us = variants::launches_median_us(stream, launch);
   for (void* x : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
                   static_cast<void*>(d_table), static_cast<void*>(d_lens), static_cast<void*>(d_cu), ws,
                   static_cast<void*>(sinks)}) {

@@ -88,6 +88,17 @@ double median_us(cudaStream_t stream, int calls, Enqueue enqueue) {
   return ms[ms.size() / 2] * 1e3;
 }
 
+/// median_us of `launch()` (one call) after two warm-up calls, 10 calls per sample.
+template <class Launch>
+double launches_median_us(cudaStream_t stream, Launch launch) {
+  launch();
+  launch();
+  CHECK(cudaStreamSynchronize(stream));
+  return median_us(stream, 10, [&] {
+    for (int i = 0; i < 10; ++i) launch();
+  });
+}
+
 /// Which of n shapes to run: all without the argument, else a comma list of indices.
 /// Exits with status 2 on a bad list.
 inline std::vector<bool> shape_selection(int argc, char** argv, int arg, size_t n) {
