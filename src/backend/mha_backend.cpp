@@ -358,12 +358,21 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
     }
     // Every row's query length is its own input length (mixed decode rows give 1).
     const std::vector<int32_t> ext = host_values(b.extend_seq_lens_cpu, "batch.extend_seq_lens_cpu", bs);
+    for (int r = 0; r < bs; ++r) {
+      if (ext[r] < 0) fail("batch.extend_seq_lens_cpu", "non-negative lengths", str(ext[r]) + " at " + str(r));
+    }
     std::vector<int32_t> prefix(static_cast<std::size_t>(bs), 0);
     if (b.extend_prefix_lens_cpu.defined()) {
       prefix = host_values(b.extend_prefix_lens_cpu, "batch.extend_prefix_lens_cpu", bs);
     } else if (b.seq_lens_cpu.defined()) {
       const std::vector<int32_t> L = host_values(b.seq_lens_cpu, "batch.seq_lens_cpu", bs);
-      for (int r = 0; r < bs; ++r) prefix[r] = L[r] - ext[r];
+      for (int r = 0; r < bs; ++r) {
+        const int64_t p = int64_t{L[r]} - ext[r];  // 64-bit: int32 operands could overflow
+        if (p < 0) {
+          fail("batch.seq_lens_cpu", "lengths >= extend_seq_lens_cpu (a prefix >= 0)", str(L[r]) + " at " + str(r));
+        }
+        prefix[r] = static_cast<int32_t>(p);
+      }
     }
     // K/V lands at [prefix, prefix + ext) while attention reads [0, seq_len): they must meet.
     if (const auto L = host_seq_lens(b, bs)) {
@@ -381,10 +390,8 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
     int max_q = 0;
     cu_q[0] = cu_k[0] = 0;
     for (int r = 0; r < bs; ++r) {
-      if (ext[r] < 0) fail("batch.extend_seq_lens_cpu", "non-negative lengths", str(ext[r]) + " at " + str(r));
       if (prefix[r] < 0) {
-        fail(b.extend_prefix_lens_cpu.defined() ? "batch.extend_prefix_lens_cpu" : "batch.seq_lens_cpu",
-             "non-negative prefix lengths", str(prefix[r]) + " at " + str(r));
+        fail("batch.extend_prefix_lens_cpu", "non-negative prefix lengths", str(prefix[r]) + " at " + str(r));
       }
       tq += ext[r];
       tk += int64_t{prefix[r]} + ext[r];

@@ -2,7 +2,10 @@
 // (docs/semantics.md sections 3-6), on the CPU.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "backend_fixture.h"
+#include "common/error_text.h"
 
 namespace btest {
 namespace {
@@ -227,6 +230,30 @@ TEST(BackendMetadata, RejectsBadInput) {
   EXPECT_THROW(be.init_forward_metadata(fb), Error);  // extend without host lengths
   BackendConfig bad = config(4, 32, 2, 9);
   EXPECT_THROW(MhaBackend{bad}, Error);
+}
+
+// An extend length of INT_MIN, or a host length shorter than the extend: errors naming
+// the field, before the prefix seq_lens_cpu - extend is formed (it overflowed int32).
+TEST(BackendMetadata, ExtendLengthsCheckedBeforeThePrefix) {
+  MhaBackend be(config(4, 32, 2));
+  Ints r2p = req_to_page(3, 8), seq({3, 7}), rpi({1, 2}), seq_cpu({3, 7});
+  ForwardBatch fb;
+  fb.forward_mode = ForwardMode::extend;
+  fb.batch_size = 2;
+  fb.seq_lens = seq.view();
+  fb.seq_lens_cpu = seq_cpu.view();
+  fb.req_pool_indices = rpi.view();
+  fb.req_to_page = r2p.view();
+  Ints ext({3, std::numeric_limits<int32_t>::min()});
+  fb.extend_seq_lens_cpu = ext.view();
+  std::string msg = testutil::error_of([&] { be.init_forward_metadata(fb); });
+  EXPECT_NE(msg.find("batch.extend_seq_lens_cpu: expected non-negative lengths, got -2147483648 at 1"),
+            std::string::npos) << msg;
+  Ints longer({3, 8});
+  fb.extend_seq_lens_cpu = longer.view();
+  msg = testutil::error_of([&] { be.init_forward_metadata(fb); });
+  EXPECT_NE(msg.find("batch.seq_lens_cpu: expected lengths >= extend_seq_lens_cpu"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("got 7 at 1"), std::string::npos) << msg;
 }
 
 // seq_lens_cpu, where seq_lens is host-readable too (the CPU device), must be its copy:
