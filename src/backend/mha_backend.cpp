@@ -11,6 +11,7 @@
 #include "backend/buffers.h"
 #include "core/checks.h"
 #include "core/side_stream.h"
+#include "core/validate.h"
 #include "pagedmha/error.h"
 
 namespace pagedmha {
@@ -374,6 +375,11 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
         prefix[r] = static_cast<int32_t>(p);
       }
     }
+    for (int r = 0; r < bs; ++r) {
+      if (prefix[r] < 0) {
+        fail("batch.extend_prefix_lens_cpu", "non-negative prefix lengths", str(prefix[r]) + " at " + str(r));
+      }
+    }
     // K/V lands at [prefix, prefix + ext) while attention reads [0, seq_len): they must meet.
     if (const auto L = host_seq_lens(b, bs)) {
       for (int r = 0; r < bs; ++r) {
@@ -390,9 +396,6 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
     int max_q = 0;
     cu_q[0] = cu_k[0] = 0;
     for (int r = 0; r < bs; ++r) {
-      if (prefix[r] < 0) {
-        fail("batch.extend_prefix_lens_cpu", "non-negative prefix lengths", str(prefix[r]) + " at " + str(r));
-      }
       tq += ext[r];
       tk += int64_t{prefix[r]} + ext[r];
       if (tk > INT_MAX) fail("batch.seq_lens", "a total below 2^31", str(tk));
@@ -696,9 +699,25 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
                     {"cu_seqlens_q", "batch.extend_seq_lens_cpu"}, {"sinks", "layer.sinks"}},
                    check);
   };
-  // With debug validation the value checks run here too, skipping the slots this step
-  // overwrites (append_kv checks their new rows before writing them).
-  const TensorView written = save ? loc.slice(0, 0, T) : TensorView{};
+  // The caches append_kv writes are read by the attention after it, as are its inputs:
+  // a cache laid over the step's q, lengths, tables or sinks would change them in between.
+  if (save) {
+    using Named = detail::Named;
+    for (const auto& [c, cname] : {Named{&kv.k_cache, "k_cache"}, Named{&kv.v_cache, "v_cache"}}) {
+      for (const auto& [in, iname] :
+           {Named{&q3, "q"}, Named{&table, table_arg.c_str()}, Named{&md.cache_seqlens, "batch.seq_lens"},
+            Named{&md.cu_seqlens_q, "batch.extend_seq_lens_cpu"}, Named{&params.sinks, "layer.sinks"}}) {
+        if (in->defined() && detail::overlaps(*c, *in)) {
+          fail(cname, std::string("memory disjoint from ") + iname + " (the step's attention reads it)",
+               std::string("a view sharing memory with ") + iname);
+        }
+      }
+    }
+  }
+  // With debug validation the value checks run here too, on the keys as they will be after
+  // this step's write (append_kv's rows for the slots it fills).
+  const detail::PendingWrite written =
+      save ? detail::PendingWrite{loc.slice(0, 0, T), k3, v3} : detail::PendingWrite{};
   if (plan.t_pre > 0) {
     prefill_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& cu, int mq,
                      const TensorView& orr) {

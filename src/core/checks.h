@@ -15,19 +15,25 @@ namespace pagedmha::detail {
 /// location) reaches the user for a missing driver, device or CUDA support.
 void check_device_usable(const std::string& op, const std::string& arg, Device device);
 
+/// The K / V rows a caller will write with append_kv before the op runs (MhaBackend):
+/// `slots` its out_cache_loc [T], `k` and `v` its [T, Hkv, D] rows. Undefined: none.
+struct PendingWrite {
+  TensorView slots, k, v;
+};
+
 /// With debug validation (set_debug_validation) also the op's value checks: page ids
-/// and the range of q and of the K / V rows read, except the cache slots in
-/// `overwritten_slots` (int32, the caller's out_cache_loc: append_kv checks their new rows
-/// before it writes them). May synchronise `stream` then, as the op's own checks do.
+/// and the range of q and of the K / V rows read as they will be after `write` (a
+/// written slot's key from its new row). May synchronise `stream` then, as the op's own
+/// checks do.
 void check_batch_decode(const char* op, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                         const TensorView& page_table, const TensorView& seq_lens, int page_size, int q_len_per_req,
                         const TensorView& out, const AttentionParams& params, const TensorView& lse,
-                        const TensorView& workspace, const TensorView& overwritten_slots = {}, Stream stream = {});
+                        const TensorView& workspace, const PendingWrite& write = {}, Stream stream = {});
 
 void check_batch_prefill(const char* op, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                          const TensorView& page_table, const TensorView& seq_lens, const TensorView& cu_seqlens_q,
                          int page_size, int max_q_len, const TensorView& out, const AttentionParams& params,
-                         const TensorView& lse, const TensorView& workspace, const TensorView& overwritten_slots = {},
+                         const TensorView& lse, const TensorView& workspace, const PendingWrite& write = {},
                          Stream stream = {});
 
 }  // namespace pagedmha::detail

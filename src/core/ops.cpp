@@ -9,7 +9,6 @@
 #include <limits>
 #include <initializer_list>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -196,10 +195,11 @@ void check_attention_values(const ArgCheck& chk, const detail::AttentionProblem&
 // 2^31 weights <= 1 times |v| <= 2^56 stay finite.
 constexpr float kMaxInputMagnitude = 72057594037927936.0f;  // 2^56
 
-// Debug validation on the CPU: q and the K / V rows a request reads are in range, but for
-// the cache slots in `skip` (sorted: rows the caller is about to overwrite with new
-// values that append_kv checks itself).
-void check_input_range(const ArgCheck& chk, const detail::AttentionProblem& p, const std::vector<int32_t>& skip = {}) {
+// Debug validation on the CPU: q and the K / V rows a request reads are in range. With
+// `pending` (a step's write not made yet) a key in a slot it writes is read from its new
+// row instead (fp8 caches: quantised on the write, so in range).
+void check_input_range(const ArgCheck& chk, const detail::AttentionProblem& p,
+                       const detail::PendingRows* pending = nullptr) {
   const int D = p.head_dim;
   std::vector<float> row(static_cast<std::size_t>(D));
   const auto in_range = [&](const void* base, DType t, int64_t off) {
@@ -223,35 +223,25 @@ void check_input_range(const ArgCheck& chk, const detail::AttentionProblem& p, c
     const int32_t* table = p.page_table + b * p.page_table_row_stride;
     for (int64_t j = p.mask().first_key(L, n); j < L; ++j) {
       const int64_t page = table[j / p.kv.page_size], off = j % p.kv.page_size;
-      if (std::binary_search(skip.begin(), skip.end(), page * p.kv.page_size + off)) continue;
+      const int64_t w = pending != nullptr ? pending->find(page * p.kv.page_size + off) : -1;
       for (int h = 0; h < p.num_kv_heads; ++h) {
-        const detail::PagedCache* caches[2] = {&p.kv.k, &p.kv.v};
         for (int c = 0; c < 2; ++c) {
-          const detail::PagedCache& pc = *caches[c];
+          if (w >= 0) {
+            if (p.kv.dtype == DType::fp8_e4m3) continue;
+            const int64_t t = pending->tokens[static_cast<std::size_t>(w)];
+            const int64_t at = c == 0 ? t * pending->k_row_stride + h * pending->k_head_stride
+                                      : t * pending->v_row_stride + h * pending->v_head_stride;
+            if (!in_range(c == 0 ? pending->k : pending->v, pending->dtype, at)) {
+              chk.fail(c == 0 ? "k" : "v", expect,
+                       "a value outside that range at token " + str(t) + " (key " + str(j) + " of request " +
+                           str(b) + ")");
+            }
+            continue;
+          }
+          const detail::PagedCache& pc = c == 0 ? p.kv.k : p.kv.v;
           if (!in_range(pc.data, p.kv.dtype, page * pc.page_stride + off * pc.token_stride + h * pc.head_stride)) {
             chk.fail(c == 0 ? "k_cache" : "v_cache", expect,
                      "a value outside that range at key " + str(j) + " of request " + str(b));
-          }
-        }
-      }
-    }
-  }
-}
-
-// Debug validation on the CPU: append_kv's new K / V rows are in range, checked before
-// anything is written (the attention that reads them would reject them after the write).
-void check_new_rows(const ArgCheck& chk, const detail::AppendKvProblem& p) {
-  const int D = p.kv.head_dim;
-  std::vector<float> row(static_cast<std::size_t>(D));
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    for (int h = 0; h < p.kv.num_kv_heads; ++h) {
-      for (const auto& [base, off, arg] : {std::tuple{p.k, t * p.k_row_stride + h * p.k_head_stride, "k"},
-                                           std::tuple{p.v, t * p.v_row_stride + h * p.v_head_stride, "v"}}) {
-        cpu::load_row(cpu::offset(base, p.src_dtype, off), p.src_dtype, D, row.data());
-        for (float x : row) {
-          if (!(std::fabs(x) <= kMaxInputMagnitude)) {
-            chk.fail(arg, "finite values of magnitude <= 2^56 (docs/semantics.md: larger ones may overflow fp32)",
-                     "a value outside that range at token " + str(t) + ", head " + str(h));
           }
         }
       }
@@ -283,28 +273,44 @@ void run_attention(const ArgCheck& chk, detail::AttentionProblem& p, bool decode
 
 // Debug validation for a caller that writes the step's K / V before the op runs
 // (MhaBackend): the checks run_attention makes on the values, made before that write, on
-// everything the op will read except the slots in `overwritten` (out_cache_loc: their new
-// rows are checked by append_kv before it writes them). A rejected step then leaves the
-// cache unchanged.
+// what the op will read after it (a written slot's key from its new row). A rejected step
+// then leaves the cache unchanged, and a new row that no query reads (padding) is not
+// judged. A write whose views append_kv would reject is left out: its error comes there.
 void check_values_before_write(const ArgCheck& chk, const detail::AttentionProblem& p,
-                               const TensorView& overwritten) {
+                               const detail::PendingWrite& write) {
   if (!debug_validation() || p.batch == 0) return;
-  // A malformed out_cache_loc (append_kv rejects it before writing) skips nothing.
-  const bool usable = overwritten.defined() && overwritten.dtype == DType::int32 && overwritten.ndim == 1 &&
-                      (overwritten.numel() <= 1 || overwritten.stride(0) == 1);
-  std::vector<int32_t> slots(static_cast<std::size_t>(usable ? overwritten.numel() : 0));
-  if (!slots.empty()) {
-    copy_bytes(slots.data(), Device::cpu(), overwritten.data, overwritten.device, slots.size() * 4, Stream{p.stream});
+  detail::PendingRows pending;
+  const TensorView &s = write.slots, &k = write.k, &v = write.v;
+  const auto rows_ok = [&](const TensorView& x) {
+    return x.defined() && x.ndim == 3 && x.size(0) >= s.numel() && x.size(1) == p.num_kv_heads &&
+           x.size(2) == p.head_dim && (x.dtype == DType::bf16 || x.dtype == DType::fp16) && x.dtype == k.dtype &&
+           x.device == p.device && (x.size(2) <= 1 || x.stride(2) == 1);
+  };
+  const bool usable = s.defined() && s.dtype == DType::int32 && s.ndim == 1 && s.device == p.device &&
+                      (s.numel() <= 1 || s.stride(0) == 1) && rows_ok(k) && rows_ok(v);
+  if (usable && s.numel() > 0) {
+    std::vector<int32_t> slots(static_cast<std::size_t>(s.numel()));
+    copy_bytes(slots.data(), Device::cpu(), s.data, s.device, slots.size() * 4, Stream{p.stream});
     synchronize(Stream{p.stream});
+    std::vector<std::pair<int32_t, int32_t>> by_slot;  // (slot, token): the later token wins
+    for (std::size_t t = 0; t < slots.size(); ++t) by_slot.emplace_back(slots[t], static_cast<int32_t>(t));
+    std::sort(by_slot.begin(), by_slot.end());
+    for (std::size_t i = 0; i < by_slot.size(); ++i) {
+      if (i + 1 < by_slot.size() && by_slot[i + 1].first == by_slot[i].first) continue;
+      pending.slots.push_back(by_slot[i].first);
+      pending.tokens.push_back(by_slot[i].second);
+    }
+    pending.k = k.data, pending.v = v.data, pending.dtype = k.dtype;
+    pending.k_row_stride = k.stride(0), pending.k_head_stride = k.stride(1);
+    pending.v_row_stride = v.stride(0), pending.v_head_stride = v.stride(1);
   }
-  std::sort(slots.begin(), slots.end());
   if (p.device.is_cpu()) {
-    check_input_range(chk, p, slots);  // check_attention_values ran already (the front end's checks)
+    check_input_range(chk, p, &pending);  // check_attention_values ran already (the front end's checks)
     return;
   }
 #if PAGEDMHA_WITH_CUDA
   cuda::validate_page_ids(p);
-  cuda::validate_values(p, kMaxInputMagnitude, slots);
+  cuda::validate_values(p, kMaxInputMagnitude, &pending);
 #endif
 }
 
@@ -371,15 +377,11 @@ void append_kv(const TensorView& k, const TensorView& v, const TensorView& k_cac
         chk.fail("out_cache_loc", "slots in [0, " + str(num_slots) + ")", str(s) + " at index " + str(t));
       }
     }
-    if (debug_validation()) check_new_rows(chk, p);
     cpu::append_kv(p);
     return;
   }
 #if PAGEDMHA_WITH_CUDA
-  if (debug_validation()) {
-    cuda::validate_slots(p);
-    cuda::validate_new_rows(p, kMaxInputMagnitude);
-  }
+  if (debug_validation()) cuda::validate_slots(p);
   cuda::append_kv(p);
 #endif
 }
@@ -537,26 +539,26 @@ namespace detail {
 void check_batch_decode(const char* op, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                         const TensorView& page_table, const TensorView& seq_lens, int page_size, int q_len_per_req,
                         const TensorView& out, const AttentionParams& params, const TensorView& lse,
-                        const TensorView& workspace, const TensorView& overwritten_slots, Stream stream) {
+                        const TensorView& workspace, const PendingWrite& write, Stream stream) {
   const ArgCheck chk(op);
   AttentionProblem p = resolve_decode(chk, q, k_cache, v_cache, page_table, seq_lens, page_size, q_len_per_req, out,
                                       params, lse, workspace);
   p.stream = stream.handle;
   if (p.device.is_cpu()) check_attention_values(chk, p);
-  check_values_before_write(chk, p, overwritten_slots);
+  check_values_before_write(chk, p, write);
 }
 
 void check_batch_prefill(const char* op, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                          const TensorView& page_table, const TensorView& seq_lens, const TensorView& cu_seqlens_q,
                          int page_size, int max_q_len, const TensorView& out, const AttentionParams& params,
-                         const TensorView& lse, const TensorView& workspace, const TensorView& overwritten_slots,
+                         const TensorView& lse, const TensorView& workspace, const PendingWrite& write,
                          Stream stream) {
   const ArgCheck chk(op);
   AttentionProblem p = resolve_prefill(chk, q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, page_size,
                                        max_q_len, out, params, lse, workspace);
   p.stream = stream.handle;
   if (p.device.is_cpu()) check_attention_values(chk, p);
-  if (p.num_rows > 0) check_values_before_write(chk, p, overwritten_slots);
+  if (p.num_rows > 0) check_values_before_write(chk, p, write);
 }
 
 }  // namespace detail

@@ -3,7 +3,9 @@
 // Everything here is plain data: pointers, sizes and strides in elements, 64-bit.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "pagedmha/tensor.h"
 #include "pagedmha/variant.h"
@@ -74,6 +76,23 @@ struct AttentionProblem {
   std::size_t workspace_bytes = 0;
   Device device{};
   void* stream = nullptr;
+};
+
+/// A step's K / V write that has not happened yet, for debug validation before it
+/// (MhaBackend): the slots it will write, sorted, each with the token whose row lands
+/// there (the last one where a slot is named twice), and those rows' source (16-bit).
+/// Value checks read a written slot's key from the new row instead of the cache.
+struct PendingRows {
+  std::vector<int32_t> slots, tokens;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t k_row_stride = 0, k_head_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  DType dtype = DType::bf16;
+  /// Index of `slot` in `slots`, -1 when absent.
+  int64_t find(int64_t slot) const {
+    const auto it = std::lower_bound(slots.begin(), slots.end(), slot);
+    return it != slots.end() && *it == slot ? it - slots.begin() : -1;
+  }
 };
 
 struct AppendKvProblem {

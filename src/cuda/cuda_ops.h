@@ -5,7 +5,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "core/problem.h"
 
@@ -37,12 +36,10 @@ void merge_attention_states(const detail::MergeProblem& p);
 /// (row, column, value).
 void validate_page_ids(const detail::AttentionProblem& p);
 /// Debug validation: q and the K / V rows the problem reads are finite with |x| <= bound
-/// (16-bit dtypes; fp8 is always in range), but for the cache slots in `skip` (sorted,
-/// host memory); synchronises; throws Error naming the first request with a value outside.
-void validate_values(const detail::AttentionProblem& p, float bound, const std::vector<int32_t>& skip = {});
-/// Debug validation: append_kv's new K and V rows are finite with |x| <= bound;
-/// synchronises; throws Error naming the first token with a value outside.
-void validate_new_rows(const detail::AppendKvProblem& p, float bound);
+/// (16-bit dtypes; fp8 is always in range), a key in a slot of `pending` (a write not made
+/// yet) read from its new row; synchronises; throws Error naming the first request with a
+/// value outside.
+void validate_values(const detail::AttentionProblem& p, float bound, const detail::PendingRows* pending = nullptr);
 /// Debug validation: every out_cache_loc in [0, num_pages * page_size).
 void validate_slots(const detail::AppendKvProblem& p);
 

@@ -9,7 +9,6 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "cuda/common/check.cuh"
 #include "cuda/common/elementwise.cuh"
@@ -54,25 +53,37 @@ __device__ __forceinline__ float load_value(const void* base, int64_t i, bool bf
               : __half2float(static_cast<const __half*>(base)[i]);
 }
 
-// Whether `slot` is one of the sorted skip[0, n).
-__device__ __forceinline__ bool in_sorted(const int32_t* skip, int64_t n, int64_t slot) {
+// detail::PendingRows on the device: the sorted slots a write not made yet will fill,
+// the token of each, and the new rows' source.
+struct DevicePending {
+  const int32_t* slots = nullptr;
+  const int32_t* tokens = nullptr;
+  int64_t n = 0;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t k_row = 0, k_head = 0, v_row = 0, v_head = 0;
+  bool bf16 = true;
+};
+
+// Index of `slot` in the sorted slots[0, n), -1 when absent.
+__device__ __forceinline__ int64_t find_sorted(const int32_t* slots, int64_t n, int64_t slot) {
   int64_t lo = 0, hi = n;
   while (lo < hi) {
     const int64_t mid = (lo + hi) / 2;
-    if (skip[mid] < slot) {
+    if (slots[mid] < slot) {
       lo = mid + 1;
     } else {
       hi = mid;
     }
   }
-  return lo < n && skip[lo] == slot;
+  return lo < n && slots[lo] == slot ? lo : -1;
 }
 
-// Key of an out-of-range input: (request << 32) | kind, kind 1 = q, 2 = k_cache, 3 = v_cache.
-// Reads q's rows of the request and the K / V of the keys its queries can see, but for the
-// slots in the sorted skip[0, n_skip) (rows the caller is about to overwrite).
-__global__ void check_values_kernel(const detail::AttentionProblem p, float bound, const int32_t* skip,
-                                    int64_t n_skip, unsigned long long* first) {
+// Key of an out-of-range input: (request << 32) | kind, kind 1 = q, 2 = k_cache, 3 = v_cache,
+// 4 = a new k row, 5 = a new v row. Reads q's rows of the request and the K / V of the keys
+// its queries can see, a key in a pending slot from its new row.
+__global__ void check_values_kernel(const detail::AttentionProblem p, float bound, const DevicePending pend,
+                                    unsigned long long* first) {
   const int64_t r = blockIdx.x;
   const int32_t L = p.seq_lens[r];
   const int64_t row0 = p.cu_seqlens_q ? p.cu_seqlens_q[r] : r * int64_t{p.q_len_per_req};
@@ -98,7 +109,19 @@ __global__ void check_values_kernel(const detail::AttentionProblem p, float boun
   for (int64_t i = threadIdx.x; i < (L - lo) * per_key; i += blockDim.x) {
     const int64_t pos = lo + i / per_key, h = (i % per_key) / D, d = i % D;
     const int64_t page = table[pos / P], off = pos % P;
-    if (n_skip > 0 && in_sorted(skip, n_skip, page * P + off)) continue;
+    const int64_t w = pend.n > 0 ? find_sorted(pend.slots, pend.n, page * P + off) : -1;
+    if (w >= 0) {
+      const int64_t t = pend.tokens[w];
+      if (bad(load_value(pend.k, t * pend.k_row + h * pend.k_head + d, pend.bf16))) {
+        atomicMin(first, (static_cast<unsigned long long>(r) << 32) | 4ull);
+        return;
+      }
+      if (bad(load_value(pend.v, t * pend.v_row + h * pend.v_head + d, pend.bf16))) {
+        atomicMin(first, (static_cast<unsigned long long>(r) << 32) | 5ull);
+        return;
+      }
+      continue;
+    }
     if (bad(load_value(p.kv.k.data, page * p.kv.k.page_stride + off * p.kv.k.token_stride + h * p.kv.k.head_stride + d,
                        bf16))) {
       atomicMin(first, (static_cast<unsigned long long>(r) << 32) | 2ull);
@@ -109,20 +132,6 @@ __global__ void check_values_kernel(const detail::AttentionProblem p, float boun
       atomicMin(first, (static_cast<unsigned long long>(r) << 32) | 3ull);
       return;
     }
-  }
-}
-
-// Key of an out-of-range new row: (token << 1) | (0 for k, 1 for v).
-__global__ void check_new_rows_kernel(const detail::AppendKvProblem p, float bound, unsigned long long* first) {
-  const int64_t per_token = int64_t{p.kv.num_kv_heads} * p.kv.head_dim, D = p.kv.head_dim;
-  const bool bf16 = p.src_dtype == DType::bf16;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.num_tokens * per_token;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t t = i / per_token, h = (i % per_token) / D, d = i % D;
-    const float k = load_value(p.k, t * p.k_row_stride + h * p.k_head_stride + d, bf16);
-    const float v = load_value(p.v, t * p.v_row_stride + h * p.v_head_stride + d, bf16);
-    if (!(fabsf(k) <= bound)) atomicMin(first, static_cast<unsigned long long>(t) << 1);
-    if (!(fabsf(v) <= bound)) atomicMin(first, (static_cast<unsigned long long>(t) << 1) | 1ull);
   }
 }
 
@@ -190,52 +199,43 @@ void validate_page_ids(const detail::AttentionProblem& p) {
                          std::to_string(id));
 }
 
-void validate_values(const detail::AttentionProblem& p, float bound, const std::vector<int32_t>& skip) {
+void validate_values(const detail::AttentionProblem& p, float bound, const detail::PendingRows* pending) {
   if (p.batch == 0) return;
   DeviceGuard guard(p.device.index);
   const cudaStream_t stream = as_stream(p.stream);
-  int32_t* d_skip = nullptr;
-  if (!skip.empty()) {
-    PAGEDMHA_CUDA_CHECK(cudaMalloc(&d_skip, skip.size() * sizeof(int32_t)));
+  DevicePending pend;
+  int32_t* d_lists = nullptr;  // the slots, then the tokens
+  const int64_t n = pending != nullptr ? static_cast<int64_t>(pending->slots.size()) : 0;
+  if (n > 0) {
+    PAGEDMHA_CUDA_CHECK(cudaMalloc(&d_lists, 2 * n * sizeof(int32_t)));
+    pend = {d_lists, d_lists + n, n, pending->k, pending->v, pending->k_row_stride, pending->k_head_stride,
+            pending->v_row_stride, pending->v_head_stride, pending->dtype == DType::bf16};
   }
   unsigned long long first = kNone;
   try {
-    if (d_skip != nullptr) {
-      PAGEDMHA_CUDA_CHECK(
-          cudaMemcpyAsync(d_skip, skip.data(), skip.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    if (n > 0) {
+      PAGEDMHA_CUDA_CHECK(cudaMemcpyAsync(d_lists, pending->slots.data(), n * sizeof(int32_t),
+                                          cudaMemcpyHostToDevice, stream));
+      PAGEDMHA_CUDA_CHECK(cudaMemcpyAsync(d_lists + n, pending->tokens.data(), n * sizeof(int32_t),
+                                          cudaMemcpyHostToDevice, stream));
     }
     first = run_check(stream, [&](unsigned long long* flag) {
-      check_values_kernel<<<p.batch, 256, 0, stream>>>(p, bound, d_skip, static_cast<int64_t>(skip.size()), flag);
+      check_values_kernel<<<p.batch, 256, 0, stream>>>(p, bound, pend, flag);
     });
   } catch (...) {
-    cudaFree(d_skip);
+    cudaFree(d_lists);
     throw;
   }
-  PAGEDMHA_CUDA_CHECK(cudaFree(d_skip));  // after run_check's synchronisation
+  PAGEDMHA_CUDA_CHECK(cudaFree(d_lists));  // after run_check's synchronisation
   if (first == kNone) return;
   const int64_t row = static_cast<int64_t>(first >> 32);
   const int kind = static_cast<int>(first & 0xffffffffull);
-  const char* arg = kind == 1 ? "q" : kind == 2 ? "k_cache" : "v_cache";
+  const char* arg = kind == 1 ? "q" : kind == 2 ? "k_cache" : kind == 3 ? "v_cache" : kind == 4 ? "k" : "v";
   throw_invalid_argument(p.cu_seqlens_q ? "batch_prefill" : "batch_decode", arg,
                          "finite values of magnitude <= 2^56 (docs/semantics.md: larger ones may overflow fp32)",
                          std::string("a value outside that range ") +
-                             (kind == 1 ? "in the queries" : "in a key it reads") + " of request " +
-                             std::to_string(row));
-}
-
-void validate_new_rows(const detail::AppendKvProblem& p, float bound) {
-  if (p.num_tokens == 0) return;
-  DeviceGuard guard(p.device.index);
-  const cudaStream_t stream = as_stream(p.stream);
-  const int64_t n = p.num_tokens * p.kv.num_kv_heads * p.kv.head_dim;
-  const unsigned long long first = run_check(stream, [&](unsigned long long* flag) {
-    constexpr int kThreads = 256;
-    check_new_rows_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(p, bound, flag);
-  });
-  if (first == kNone) return;
-  throw_invalid_argument("append_kv", (first & 1) ? "v" : "k",
-                         "finite values of magnitude <= 2^56 (docs/semantics.md: larger ones may overflow fp32)",
-                         "a value outside that range at token " + std::to_string(first >> 1));
+                             (kind == 1 ? "in the queries" : kind <= 3 ? "in a key it reads" : "in a new row it reads") +
+                             " of request " + std::to_string(row));
 }
 
 void validate_slots(const detail::AppendKvProblem& p) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -127,9 +128,9 @@ TEST_P(RejectUnchanged, PoolAndOutputBitwiseUnchanged) {
   EXPECT_NE(checksum(layer.k.bytes), k0);
 }
 
-// Debug validation's range checks (q, the new K / V, the cache rows read) ran inside the
-// attention ops, after the step's K / V were written: a rejected step had changed the
-// pool. Now they run first, skipping only the slots the step overwrites.
+// Debug validation's range checks ran inside the attention ops, after the step's K / V
+// were written: a rejected step had changed the pool. Now they run first, on the keys as
+// they will be after the write (a slot the step fills read from its new row).
 TEST(RejectUnchangedDebug, RangeChecksRunBeforeTheWrite) {
   struct DebugOn {
     DebugOn() { set_debug_validation(true); }
@@ -169,9 +170,10 @@ TEST(RejectUnchangedDebug, RangeChecksRunBeforeTheWrite) {
     double x;
     const char* what;
   } cases[] = {
-      {"NaN in q", &q, Hq * D + 5, nan, "q"},
-      {"inf in the new k", &k, row + 3, inf, "k"},
-      {"NaN in a cache row read (request 1, key 1: slot 5)", &layer.k, 5 * row + 7, nan, "k_cache"},
+      {"NaN in q", &q, Hq * D + 5, nan, ": q: expected finite values"},
+      {"inf in the new k read by request 2", &k, row + 3, inf, ": k: expected finite values"},
+      {"NaN in a cache row read (request 1, key 1: slot 5)", &layer.k, 5 * row + 7, nan,
+       ": k_cache: expected finite values"},
   };
   for (const Poison& c : cases) {
     const double kept = c.t->get(c.at);
@@ -189,6 +191,81 @@ TEST(RejectUnchangedDebug, RangeChecksRunBeforeTheWrite) {
   layer.k.set(2 * P * row + 1, nan);
   EXPECT_EQ(step(), "");
   EXPECT_EQ(layer.k.get(2 * P * row + 1), k.get(1));
+  // A new row no query reads (request 1's token aimed at slot 31, past its length: a
+  // padding row) is not judged either.
+  loc = Ints({31, 10 * P + 1});
+  k.set(7, nan);
+  EXPECT_EQ(step(), "");
+  // The caches the step writes may not lie over what its attention reads (here the
+  // lengths inside the V pool): an error before anything is written.
+  const uint64_t k0 = checksum(layer.k.bytes), v0 = checksum(layer.v.bytes);
+  fb.seq_lens = TensorView(layer.v.bytes.data(), DType::int32, Device::cpu(), {2});
+  const int32_t lens[2] = {5, 6};
+  std::memcpy(layer.v.bytes.data(), lens, sizeof(lens));
+  const uint64_t v1 = checksum(layer.v.bytes);
+  be.init_forward_metadata(fb);
+  const std::string msg = step();
+  EXPECT_NE(msg.find("v_cache: expected memory disjoint from batch.seq_lens"), std::string::npos) << msg;
+  EXPECT_EQ(checksum(layer.k.bytes), k0);
+  EXPECT_EQ(checksum(layer.v.bytes), v1);
+  (void)v0;
+}
+
+// The same on an extend step (the prefill pre-check): 3 and 2 new tokens after 2 and 4
+// cached ones, each new key read by the later queries of its request.
+TEST(RejectUnchangedDebug, ExtendStepChecksTheKeysItWillRead) {
+  struct DebugOn {
+    DebugOn() { set_debug_validation(true); }
+    ~DebugOn() { set_debug_validation(false); }
+  } debug;
+  std::mt19937 rng(13);
+  Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
+  V t(static_cast<size_t>(kMaxBs + 1) * (C / P), 0);
+  for (int i = 1; i <= kMaxBs; ++i)
+    for (int c = 0; c < C / P; ++c) t[static_cast<size_t>(i) * (C / P) + c] = 1 + (i - 1) * (C / P) + c;
+  Ints r2p(t, kMaxBs + 1, C / P), seq({5, 6}), rpi({1, 2}), ext({3, 2}), prefix({2, 4});
+  BackendConfig cfg;
+  cfg.page_size = P, cfg.context_len = C, cfg.max_bs = kMaxBs;
+  cfg.num_q_heads = Hq, cfg.num_kv_heads = Hkv, cfg.head_dim = D;
+  MhaBackend be(cfg);
+  ForwardBatch fb;
+  fb.forward_mode = ForwardMode::extend;
+  fb.batch_size = 2;
+  fb.seq_lens = seq.view();
+  fb.req_pool_indices = rpi.view();
+  fb.req_to_page = r2p.view();
+  fb.extend_seq_lens_cpu = ext.view();
+  fb.extend_prefix_lens_cpu = prefix.view();
+  be.init_forward_metadata(fb);
+  // Positions 2, 3, 4 of request 1 (pages 1, 1, 2) and 4, 5 of request 2 (page 10).
+  Ints loc({1 * P + 2, 1 * P + 3, 2 * P + 0, 10 * P + 0, 10 * P + 1});
+  Floats q(DType::bf16, {5, Hq * D}), k(DType::bf16, {5, Hkv * D}), v(DType::bf16, {5, Hkv * D}),
+      out(DType::bf16, {5, Hq * D});
+  q.randomize(rng), k.randomize(rng), v.randomize(rng), out.randomize(rng);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const int64_t row = int64_t{Hkv} * D;
+  const auto step = [&] {
+    return testutil::error_of([&] { be.forward_extend(q.view(), k.view(), v.view(), layer.spec, layer.kv(), loc.view(), 2, out.view()); });
+  };
+  struct Poison {
+    Floats* t;
+    int64_t at;
+    const char* what;
+  } cases[] = {{&v, 1 * row + 2, ": v: expected finite values"},  // token 1: request 1, position 3
+               {&layer.v, (9 * P + 1) * row, ": v_cache: expected finite values"},  // request 2, key 1
+               {&q, 4 * Hq * D, ": q: expected finite values"}};
+  for (const Poison& c : cases) {
+    const double kept = c.t->get(c.at);
+    c.t->set(c.at, nan);
+    const uint64_t k0 = checksum(layer.k.bytes), v0 = checksum(layer.v.bytes), o0 = checksum(out.bytes);
+    const std::string msg = step();
+    EXPECT_NE(msg.find(c.what), std::string::npos) << msg;
+    EXPECT_EQ(checksum(layer.k.bytes), k0) << c.what;
+    EXPECT_EQ(checksum(layer.v.bytes), v0) << c.what;
+    EXPECT_EQ(checksum(out.bytes), o0) << c.what;
+    c.t->set(c.at, kept);
+  }
+  EXPECT_EQ(step(), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Steps, RejectUnchanged, ::testing::Values(false, true),

@@ -1,7 +1,8 @@
-// Debug validation on CUDA: the backend's range checks (q, the new K / V, the cache rows
-// read) run before the step's K / V are written, skipping only the slots the step
-// overwrites, so a rejected step leaves the pools and the output as they were (the CPU
-// twin: tests/cpu/backend/reject_unchanged_test.cpp, RejectUnchangedDebug).
+// Debug validation on CUDA: the backend's range checks (q and the keys read, a slot the
+// step writes read from its new row) run before the step's K / V are written, so a
+// rejected step leaves the pools and the output as they were, and a new row no query
+// reads is not judged (the CPU twin: tests/cpu/backend/reject_unchanged_test.cpp,
+// RejectUnchangedDebug).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -94,9 +95,10 @@ TEST(BackendDebugValidation, RangeChecksRunBeforeTheWrite) {
     uint16_t x;
     const char* what;
   } cases[] = {
-      {"NaN in q", &q, Hq * D + 5, kNanBf16, "q"},
-      {"inf in the new k", &k, kRow + 3, kInfBf16, "k"},
-      {"NaN in a cache row read (request 1, key 1: slot 5)", &kc, 5 * kRow + 7, kNanBf16, "k_cache"},
+      {"NaN in q", &q, Hq * D + 5, kNanBf16, ": q: expected finite values"},
+      {"inf in the new k read by request 2", &k, kRow + 3, kInfBf16, ": k: expected finite values"},
+      {"NaN in a cache row read (request 1, key 1: slot 5)", &kc, 5 * kRow + 7, kNanBf16,
+       ": k_cache: expected finite values"},
   };
   for (const Poison& c : cases) {
     const uint16_t kept = c.t->host[c.at];
@@ -117,6 +119,13 @@ TEST(BackendDebugValidation, RangeChecksRunBeforeTheWrite) {
   kc.upload();
   EXPECT_EQ(step(), "");
   EXPECT_EQ(kc.download()[2 * P * kRow + 1], k.host[1]);
+  // A new row no query reads (request 1's token aimed at slot 31, past its length: a
+  // padding row) is not judged either.
+  loc.host = {31, 10 * P + 1};
+  loc.upload();
+  k.host[7] = kNanBf16;
+  k.upload();
+  EXPECT_EQ(step(), "");
 }
 
 }  // namespace
