@@ -33,20 +33,34 @@ struct Case {
   bool f32_q = false, strided_q = false, f32_out = false;
 };
 
+// req_to_page [kMaxBs + 1, C / P]: row i >= 1 holds pages 1 + (i - 1) C / P on (row 0: padding).
+Ints pool_table() {
+  V t(static_cast<size_t>(kMaxBs + 1) * (C / P), 0);
+  for (int i = 1; i <= kMaxBs; ++i)
+    for (int c = 0; c < C / P; ++c) t[static_cast<size_t>(i) * (C / P) + c] = 1 + (i - 1) * (C / P) + c;
+  return Ints(t, kMaxBs + 1, C / P);
+}
+
+BackendConfig step_config() {
+  BackendConfig cfg;
+  cfg.page_size = P, cfg.context_len = C, cfg.max_bs = kMaxBs;
+  cfg.num_q_heads = Hq, cfg.num_kv_heads = Hkv, cfg.head_dim = D;
+  return cfg;
+}
+
+struct DebugOn {
+  DebugOn() { set_debug_validation(true); }
+  ~DebugOn() { set_debug_validation(false); }
+};
+
 class RejectUnchanged : public ::testing::TestWithParam<bool> {};  // param: extend step
 
 TEST_P(RejectUnchanged, PoolAndOutputBitwiseUnchanged) {
   const bool extend = GetParam();
   std::mt19937 rng(11);
   Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
-  V t(static_cast<size_t>(kMaxBs + 1) * (C / P), 0);
-  for (int i = 1; i <= kMaxBs; ++i)
-    for (int c = 0; c < C / P; ++c) t[static_cast<size_t>(i) * (C / P) + c] = 1 + (i - 1) * (C / P) + c;
-  Ints r2p(t, kMaxBs + 1, C / P);
-  BackendConfig cfg;
-  cfg.page_size = P, cfg.context_len = C, cfg.max_bs = kMaxBs;
-  cfg.num_q_heads = Hq, cfg.num_kv_heads = Hkv, cfg.head_dim = D;
-  MhaBackend be(cfg);
+  Ints r2p = pool_table();
+  MhaBackend be(step_config());
   // Two requests: decode (one token each) or extend (3 + 2 new tokens after 2 + 4 cached).
   Ints seq(extend ? V{5, 6} : V{5, 6}), rpi({1, 2}), ext({3, 2}), prefix({2, 4});
   ForwardBatch fb;
@@ -132,20 +146,11 @@ TEST_P(RejectUnchanged, PoolAndOutputBitwiseUnchanged) {
 // were written: a rejected step had changed the pool. Now they run first, on the keys as
 // they will be after the write (a slot the step fills read from its new row).
 TEST(RejectUnchangedDebug, RangeChecksRunBeforeTheWrite) {
-  struct DebugOn {
-    DebugOn() { set_debug_validation(true); }
-    ~DebugOn() { set_debug_validation(false); }
-  } debug;
+  const DebugOn debug;
   std::mt19937 rng(12);
   Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
-  V t(static_cast<size_t>(kMaxBs + 1) * (C / P), 0);
-  for (int i = 1; i <= kMaxBs; ++i)
-    for (int c = 0; c < C / P; ++c) t[static_cast<size_t>(i) * (C / P) + c] = 1 + (i - 1) * (C / P) + c;
-  Ints r2p(t, kMaxBs + 1, C / P), seq({5, 6}), rpi({1, 2});
-  BackendConfig cfg;
-  cfg.page_size = P, cfg.context_len = C, cfg.max_bs = kMaxBs;
-  cfg.num_q_heads = Hq, cfg.num_kv_heads = Hkv, cfg.head_dim = D;
-  MhaBackend be(cfg);
+  Ints r2p = pool_table(), seq({5, 6}), rpi({1, 2});
+  MhaBackend be(step_config());
   ForwardBatch fb;
   fb.forward_mode = ForwardMode::decode;
   fb.batch_size = 2;
@@ -214,20 +219,11 @@ TEST(RejectUnchangedDebug, RangeChecksRunBeforeTheWrite) {
 // The same on an extend step (the prefill pre-check): 3 and 2 new tokens after 2 and 4
 // cached ones, each new key read by the later queries of its request.
 TEST(RejectUnchangedDebug, ExtendStepChecksTheKeysItWillRead) {
-  struct DebugOn {
-    DebugOn() { set_debug_validation(true); }
-    ~DebugOn() { set_debug_validation(false); }
-  } debug;
+  const DebugOn debug;
   std::mt19937 rng(13);
   Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
-  V t(static_cast<size_t>(kMaxBs + 1) * (C / P), 0);
-  for (int i = 1; i <= kMaxBs; ++i)
-    for (int c = 0; c < C / P; ++c) t[static_cast<size_t>(i) * (C / P) + c] = 1 + (i - 1) * (C / P) + c;
-  Ints r2p(t, kMaxBs + 1, C / P), seq({5, 6}), rpi({1, 2}), ext({3, 2}), prefix({2, 4});
-  BackendConfig cfg;
-  cfg.page_size = P, cfg.context_len = C, cfg.max_bs = kMaxBs;
-  cfg.num_q_heads = Hq, cfg.num_kv_heads = Hkv, cfg.head_dim = D;
-  MhaBackend be(cfg);
+  Ints r2p = pool_table(), seq({5, 6}), rpi({1, 2}), ext({3, 2}), prefix({2, 4});
+  MhaBackend be(step_config());
   ForwardBatch fb;
   fb.forward_mode = ForwardMode::extend;
   fb.batch_size = 2;
