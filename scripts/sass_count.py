@@ -58,7 +58,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sass_listing import branch_target, demangle, instructions, matching_functions  # noqa: E402
+from sass_listing import back_edges, demangle, instructions, matching_functions  # noqa: E402
 
 PHASES = ("loader", "qk", "softmax", "pv", "convert", "sync", "other")
 
@@ -133,12 +133,9 @@ def key_tile_loop(ins):
     """(start, end) indices (inclusive) of the key-tile loop in a function's Instructions,
     or None: the innermost backward-branch range holding an HMMA and an LDGSTS, UTMALDG or
     SYNCS (the Hopper decode's consumer warps wait on the ring's barriers)."""
-    index = {x.addr: i for i, x in enumerate(ins)}
     loops = {}  # target index -> last back-edge index
-    for i, x in enumerate(ins):
-        t = branch_target(x)
-        if t is not None and t <= x.addr and t in index:
-            loops[index[t]] = max(loops.get(index[t], i), i)
+    for s, e in back_edges(ins):
+        loops[s] = max(loops.get(s, e), e)
     best = None
     for s, e in loops.items():
         ops = {y.base for y in ins[s:e + 1]}

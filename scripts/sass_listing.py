@@ -74,6 +74,14 @@ def branch_target(ins: Instruction):
     return int(m.group(1), 16) if m else None
 
 
+def back_edges(ins):
+    """(target index, branch index) of every backward branch (target <= its own address)
+    in a function's Instructions: each closes a loop [target, branch]."""
+    index = {x.addr: i for i, x in enumerate(ins)}
+    return [(index[t], i) for i, x in enumerate(ins)
+            if (t := branch_target(x)) is not None and t <= x.addr and t in index]
+
+
 def dump_sass(cuobjdump: str, path: str) -> str:
     """cuobjdump --dump-sass of an object file or executable; RuntimeError naming the file."""
     try:

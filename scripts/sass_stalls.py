@@ -34,7 +34,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sass_listing import branch_target, demangle, instructions, matching_functions  # noqa: E402
+from sass_listing import back_edges, branch_target, demangle, instructions, matching_functions  # noqa: E402
 
 
 def _is_rs(ins):
@@ -45,11 +45,8 @@ def _is_rs(ins):
 
 def kv_step_loop(ins):
     """(start, end) indices (inclusive) of the KV-step loop, or None (see the module doc)."""
-    index = {x.addr: i for i, x in enumerate(ins)}
-    loops = [(index[t], i) for i, x in enumerate(ins)
-             if (t := branch_target(x)) is not None and t <= x.addr and t in index]
     best = None
-    for s, e in loops:
+    for s, e in back_edges(ins):
         hg = [y for y in ins[s:e + 1] if y.base == "HGMMA"]
         if any(_is_rs(y) for y in hg) and any(not _is_rs(y) for y in hg) and (best is None or e - s < best[1] - best[0]):
             best = (s, e)

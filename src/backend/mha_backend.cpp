@@ -702,16 +702,11 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   // The caches append_kv writes are read by the attention after it, as are its inputs:
   // a cache laid over the step's q, lengths, tables or sinks would change them in between.
   if (save) {
-    using Named = detail::Named;
-    for (const auto& [c, cname] : {Named{&kv.k_cache, "k_cache"}, Named{&kv.v_cache, "v_cache"}}) {
-      for (const auto& [in, iname] :
-           {Named{&q3, "q"}, Named{&table, table_arg.c_str()}, Named{&md.cache_seqlens, "batch.seq_lens"},
-            Named{&md.cu_seqlens_q, "batch.extend_seq_lens_cpu"}, Named{&params.sinks, "layer.sinks"}}) {
-        if (in->defined() && detail::overlaps(*c, *in)) {
-          fail(cname, std::string("memory disjoint from ") + iname + " (the step's attention reads it)",
-               std::string("a view sharing memory with ") + iname);
-        }
-      }
+    const detail::ArgCheck chk(CallScope::name());
+    for (const auto& [c, name] : {detail::Named{&kv.k_cache, "k_cache"}, detail::Named{&kv.v_cache, "v_cache"}}) {
+      chk.disjoint_from_inputs(*c, name,
+                               {{&q3, "q"}, {&table, table_arg.c_str()}, {&md.cache_seqlens, "batch.seq_lens"},
+                                {&md.cu_seqlens_q, "batch.extend_seq_lens_cpu"}, {&params.sinks, "layer.sinks"}});
     }
   }
   // With debug validation the value checks run here too, on the keys as they will be after

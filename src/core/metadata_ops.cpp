@@ -44,8 +44,8 @@ void gather_page_table_with_padding(const TensorView& req_to_page, const TensorV
   chk.size_at_least(seq_lens, "seq_lens", 0, bs);
   chk.size_at_least(out, "out", 0, bs);
   chk.size_at_least(out, "out", 1, cols);
-  chk.disjoint_from_inputs(out, "out",
-                       {{&req_to_page, "req_to_page"}, {&req_pool_indices, "req_pool_indices"}, {&seq_lens, "seq_lens"}});
+  chk.disjoint_from_inputs(
+      out, "out", {{&req_to_page, "req_to_page"}, {&req_pool_indices, "req_pool_indices"}, {&seq_lens, "seq_lens"}});
 
   detail::GatherPageTableProblem p;
   p.req_to_page = int32_matrix(req_to_page);
@@ -215,8 +215,8 @@ void extend_write_slots(const TensorView& page_table, const TensorView& prefix_l
   }
   chk.int32_vector(cu_seqlens_q, "cu_seqlens_q", dev, bs + 1);
   chk.int32_vector(out, "out", dev, -1);
-  chk.disjoint_from_inputs(out, "out",
-                       {{&page_table, "page_table"}, {&prefix_lens, "prefix_lens"}, {&cu_seqlens_q, "cu_seqlens_q"}});
+  chk.disjoint_from_inputs(
+      out, "out", {{&page_table, "page_table"}, {&prefix_lens, "prefix_lens"}, {&cu_seqlens_q, "cu_seqlens_q"}});
   chk.int_at_least(page_size, "page_size", 1);
   detail::MetadataProblem p;
   p.op = detail::MetadataOp::extend_write_slots;

@@ -108,12 +108,6 @@ detail::AttentionProblem resolve_attention(const ArgCheck& chk, const TensorView
     chk.fail("page_table", "shape [" + str(batch) + ", *] (one row per seq_lens entry)", page_table.shape_str());
   }
   const int page_table_cols = chk.int32_size(page_table, "page_table", 1);
-  if (lse.defined()) chk.disjoint(lse, "lse", out, "out");
-  for (const auto& [w, name] : {Named{&out, "out"}, Named{&lse, "lse"}}) {
-    chk.disjoint_from_inputs(*w, name,
-                         {{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&page_table, "page_table"},
-                          {&seq_lens, "seq_lens"}, {&params.sinks, "sinks"}});
-  }
 
   p.q = q.data;
   p.q_dtype = q.dtype;
@@ -388,16 +382,16 @@ void append_kv(const TensorView& k, const TensorView& v, const TensorView& k_cac
 
 namespace {
 
-// The workspace is written too: apart from the outputs and from every input.
-void written_workspace(const ArgCheck& chk, const TensorView& workspace, const TensorView& q,
-                       const TensorView& k_cache, const TensorView& v_cache, const TensorView& page_table,
-                       const TensorView& seq_lens, const TensorView& out, const AttentionParams& params,
-                       const TensorView& lse, const TensorView& cu_seqlens_q) {
-  chk.disjoint(workspace, "workspace", out, "out");
-  if (lse.defined()) chk.disjoint(workspace, "workspace", lse, "lse");
-  chk.disjoint_from_inputs(workspace, "workspace",
-                       {{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&page_table, "page_table"},
-                        {&seq_lens, "seq_lens"}, {&params.sinks, "sinks"}, {&cu_seqlens_q, "cu_seqlens_q"}});
+// What an attention op writes (out, lse, the workspace; absent ones skipped) shares no
+// memory with anything else it writes or reads.
+void written_apart(const ArgCheck& chk, std::initializer_list<Named> writes, std::initializer_list<Named> reads) {
+  for (auto w = writes.begin(); w != writes.end(); ++w) {
+    if (!w->first->defined()) continue;
+    for (auto o = std::next(w); o != writes.end(); ++o) {
+      if (o->first->defined()) chk.disjoint(*o->first, o->second, *w->first, w->second);
+    }
+    chk.disjoint_from_inputs(*w->first, w->second, reads);
+  }
 }
 
 // batch_decode's checks (all but the device-side values): the problem to run.
@@ -421,10 +415,12 @@ detail::AttentionProblem resolve_decode(const ArgCheck& chk, const TensorView& q
     chk.ndim(workspace, "workspace", 1);
     chk.dtype(workspace, "workspace", DType::uint8);
     chk.last_dim_contiguous(workspace, "workspace");
-    written_workspace(chk, workspace, q, k_cache, v_cache, page_table, seq_lens, out, params, lse, {});
     p.workspace = workspace.data;
     p.workspace_bytes = static_cast<std::size_t>(workspace.size(0));
   }
+  written_apart(chk, {{&out, "out"}, {&lse, "lse"}, {&workspace, "workspace"}},
+                {{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&page_table, "page_table"},
+                 {&seq_lens, "seq_lens"}, {&params.sinks, "sinks"}});
   const std::size_t need = decode_workspace_size(p.device, p.batch, q_len_per_req, p.num_q_heads, p.num_kv_heads,
                                                  p.head_dim);
   if (p.workspace_bytes < need) {
@@ -495,8 +491,6 @@ detail::AttentionProblem resolve_prefill(const ArgCheck& chk, const TensorView& 
                                                  params, lse, {&cu_seqlens_q, "cu_seqlens_q"});
   same_device(chk, p.device, {{&workspace, "workspace"}});
   chk.int32_vector(cu_seqlens_q, "cu_seqlens_q", p.device, static_cast<int64_t>(p.batch) + 1);
-  chk.disjoint_from_input(out, "out", cu_seqlens_q, "cu_seqlens_q");
-  if (lse.defined()) chk.disjoint_from_input(lse, "lse", cu_seqlens_q, "cu_seqlens_q");
   chk.int_at_least(max_q_len, "max_q_len", p.num_rows > 0 ? 1 : 0);
   p.cu_seqlens_q = cu_seqlens_q.ptr<const int32_t>();
   p.max_q_len = max_q_len;
@@ -505,10 +499,12 @@ detail::AttentionProblem resolve_prefill(const ArgCheck& chk, const TensorView& 
     chk.dtype(workspace, "workspace", DType::uint8);
     chk.last_dim_contiguous(workspace, "workspace");
     chk.aligned16(workspace, "workspace");
-    written_workspace(chk, workspace, q, k_cache, v_cache, page_table, seq_lens, out, params, lse, cu_seqlens_q);
     p.workspace = workspace.data;
     p.workspace_bytes = static_cast<std::size_t>(workspace.size(0));
   }
+  written_apart(chk, {{&out, "out"}, {&lse, "lse"}, {&workspace, "workspace"}},
+                {{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&page_table, "page_table"},
+                 {&seq_lens, "seq_lens"}, {&params.sinks, "sinks"}, {&cu_seqlens_q, "cu_seqlens_q"}});
   const std::size_t need = prefill_workspace_size(p.device, p.batch, p.num_rows);
   if (p.workspace_bytes < need) {
     chk.fail("workspace", "at least " + std::to_string(need) + " bytes (prefill_workspace_size)",

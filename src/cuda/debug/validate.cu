@@ -106,10 +106,14 @@ __global__ void check_values_kernel(const detail::AttentionProblem p, float boun
   const int64_t P = p.kv.page_size, lo = MaskVariant{p.causal, p.window_left}.first_key(L, n);
   const int64_t per_key = int64_t{p.num_kv_heads} * D;
   const int32_t* table = p.page_table + r * p.page_table_row_stride;
+  int64_t looked_up = -1, w = -1;  // the key whose pending slot was last searched, and the result
   for (int64_t i = threadIdx.x; i < (L - lo) * per_key; i += blockDim.x) {
     const int64_t pos = lo + i / per_key, h = (i % per_key) / D, d = i % D;
     const int64_t page = table[pos / P], off = pos % P;
-    const int64_t w = pend.n > 0 ? find_sorted(pend.slots, pend.n, page * P + off) : -1;
+    if (pend.n > 0 && pos != looked_up) {  // once per key and thread, not per element
+      looked_up = pos;
+      w = find_sorted(pend.slots, pend.n, page * P + off);
+    }
     if (w >= 0) {
       const int64_t t = pend.tokens[w];
       if (bad(load_value(pend.k, t * pend.k_row + h * pend.k_head + d, pend.bf16))) {
