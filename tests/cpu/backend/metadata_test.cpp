@@ -249,6 +249,14 @@ TEST(BackendMetadata, ExtendLengthsCheckedBeforeThePrefix) {
   std::string msg = testutil::error_of([&] { be.init_forward_metadata(fb); });
   EXPECT_NE(msg.find("batch.extend_seq_lens_cpu: expected non-negative lengths, got -2147483648 at 1"),
             std::string::npos) << msg;
+  // A negative prefix given directly is named as such, before prefix + extend is compared.
+  Ints ok_ext({3, 2}), neg_prefix({-5, 5});
+  fb.extend_seq_lens_cpu = ok_ext.view();
+  fb.extend_prefix_lens_cpu = neg_prefix.view();
+  msg = testutil::error_of([&] { be.init_forward_metadata(fb); });
+  EXPECT_NE(msg.find("batch.extend_prefix_lens_cpu: expected non-negative prefix lengths, got -5 at 0"),
+            std::string::npos) << msg;
+  fb.extend_prefix_lens_cpu = {};
   Ints longer({3, 8});
   fb.extend_seq_lens_cpu = longer.view();
   msg = testutil::error_of([&] { be.init_forward_metadata(fb); });

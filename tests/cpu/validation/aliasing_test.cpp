@@ -73,6 +73,14 @@ TEST(Aliasing, DecodeOutputsApartFromEveryInput) {
     EXPECT_EQ(b.bytes, kept) << "out over " << input;
   }
   expect_has(a.decode(a.out_at, a.out_at + 256), {"batch_decode", "lse", "out"});
+  // A workspace (written) over the lengths.
+  AttentionParams params;
+  params.bmm1_scale = 0.125f;
+  expect_has(error_of([&] {
+               batch_decode(a.Q(), a.K(), a.V(), a.T(), a.S(), a.P, 1, a.O(a.out_at), params, a.LSE(a.lse_at),
+                            a.at(a.lens_at - 8, DType::uint8, {64}));
+             }),
+             {"batch_decode: workspace: expected memory disjoint from seq_lens"});
   expect_has(a.decode(a.out_at, a.table_at), {"batch_decode", "lse", "page_table"});
   EXPECT_EQ(a.bytes, before);
 }

@@ -456,6 +456,13 @@ TEST(Validation, EmptyViewsWithZeroStridesAreNoOps) {
   batch_decode(q0, d.K(), d.V(), t0, s0, d.P, 1, o0, d.params);
   std::vector<int32_t> cu{0};
   batch_prefill(q0, d.K(), d.V(), t0, s0, view(cu, DType::int32, {1}), d.P, 0, o0, d.params);
+  // Validated all the same (docs/semantics.md 8.1): NaN sinks are an error for both.
+  std::vector<float> sinks{0.0f, std::nanf(""), 1.0f, 2.0f};
+  d.params.sinks = view(sinks, DType::fp32, {4});
+  EXPECT_ERROR(batch_decode(q0, d.K(), d.V(), t0, s0, d.P, 1, o0, d.params), "batch_decode: sinks",
+               "nan at index 1");
+  EXPECT_ERROR(batch_prefill(q0, d.K(), d.V(), t0, s0, view(cu, DType::int32, {1}), d.P, 0, o0, d.params),
+               "batch_prefill: sinks", "nan at index 1");
 }
 
 // D11: negative sizes are rejected in the op and argument they appear in.
