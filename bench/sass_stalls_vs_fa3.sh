@@ -4,7 +4,8 @@
 # 15). No GPU needed: nvcc (sm_90a), cuobjdump, CUTLASS headers and a flash-attention
 # checkout (FA3_DIR; its instantiations are the ones bench/fa3_peer.cu times).
 #
-#   FA3_DIR=<flash-attention checkout> bash bench/sass_stalls_vs_fa3.sh [head dims, default "64 128 256"]
+#   FA3_DIR=<flash-attention checkout> [OURS_FLAGS="-DPAGEDMHA_SM90_SPEC_SOFTMAX=1"] \
+#     bash bench/sass_stalls_vs_fa3.sh [head dims, default "64 128 256"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "${FA3_DIR:-}/hopper/flash_fwd_launch_template.h" ] ||
@@ -19,8 +20,9 @@ nvcc "${common[@]}" --use_fast_math -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -DCU
   -DCUTLASS_DEBUG_TRACE_LEVEL=0 --expt-extended-lambda -Isrc -Iinclude -Ibench -I"$FA3_DIR/hopper" \
   -c bench/fa3_peer.cu -o "$tmp/fa3.o" &
 for d in ${1:-64 128 256}; do
+  # shellcheck disable=SC2086
   nvcc "${common[@]}" -DPAGEDMHA_WITH_SM90=1 -DPAGEDMHA_WITH_CUDA=1 '-DPAGEDMHA_CUDA_ARCHS="90a"' -Isrc -Iinclude \
-    -c "src/cuda/prefill_sm90/prefill_sm90_hd$d.cu" -o "$tmp/ours_hd$d.o" &
+    ${OURS_FLAGS:-} -c "src/cuda/prefill_sm90/prefill_sm90_hd$d.cu" -o "$tmp/ours_hd$d.o" &
 done
 wait
 # Ours: the bf16 kernels with TMA loads and no soft-cap code (PrefillPolicy<D, false, true>,
