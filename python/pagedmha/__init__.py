@@ -56,7 +56,9 @@ def view_as(array, dtype) -> TypedArray:
     """Reads ``array``'s elements as ``dtype`` without copying.
 
     Args:
-        array: any DLPack-capable array (NumPy, torch, CuPy).
+        array: any DLPack-capable array (NumPy, torch, CuPy), read-only ones included
+            (an op refuses a read-only view only where it writes), or a TypedArray
+            (its array is viewed again).
         dtype: a :class:`DType` or its name ("bf16", "fp16", "fp32", "int32", "int64",
             "uint8", "fp8_e4m3"); its element size must equal the array's
             (bf16/fp16: 2 bytes, fp8_e4m3/uint8: 1 byte).

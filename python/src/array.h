@@ -18,8 +18,9 @@ namespace nb = nanobind;
 /// An array whose bits are read as `dtype` (NumPy has no bf16 or fp8: a uint16 array
 /// is given as bf16, a uint8 one as fp8_e4m3). Python: pagedmha.TypedArray.
 struct TypedArray {
-  nb::ndarray<> array;
+  nb::ndarray<nb::ro> array;
   DType dtype;
+  bool writable = true;  ///< whether the viewed array's producer allows writes
 };
 
 /// A bound function's tensor argument: the imported array (invalid when the caller
@@ -65,8 +66,9 @@ struct type_caster<pagedmha::python::ArrayArg> {
     if (src.is_none()) return true;
     if (isinstance<pagedmha::python::TypedArray>(src)) {
       const auto* typed = inst_ptr<pagedmha::python::TypedArray>(src);
-      value.array = ndarray<ro>(typed->array);
+      value.array = typed->array;
       value.dtype = typed->dtype;
+      value.writable = typed->writable;
       return true;
     }
     const uint32_t no_convert = flags & ~(uint32_t)cast_flags::convert;

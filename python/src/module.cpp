@@ -41,14 +41,20 @@ void bind_types(nb::module_& m) {
 
   m.def(
       "view_as",
-      [](nb::ndarray<> array, DType dtype) {
+      [](const ArrayArg& arg, DType dtype) {
+        // A read-only array is viewed too (the ops refuse it only where they write); a
+        // TypedArray is viewed through to its array.
+        const char* expected = "an array (NumPy, PyTorch, CuPy or any DLPack producer)";
+        if (arg.rejected.is_valid()) (void)to_view(arg, "view_as", "array", Access::read);  // names it
+        if (!arg.array.is_valid()) throw_invalid_argument("view_as", "array", expected, "NoneType None");
+        const nb::ndarray<nb::ro>& array = arg.array;
         if (array.dtype().lanes != 1 || array.itemsize() != dtype_size(dtype)) {
           throw_invalid_argument("view_as", "array",
                                  std::to_string(dtype_size(dtype)) + "-byte elements for " +
                                      dtype_name(dtype),
                                  std::to_string(array.itemsize()) + "-byte elements");
         }
-        return TypedArray{std::move(array), dtype};
+        return TypedArray{array, dtype, arg.writable};
       },
       nb::arg("array"), nb::arg("dtype"),
       "Reads `array`'s elements as `dtype` without copying: NumPy has no bf16 or fp8, so a\n"

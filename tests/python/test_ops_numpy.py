@@ -558,6 +558,32 @@ def test_read_only_inputs_accepted_outputs_rejected(rng):
         pm.append_kv(new, new, k_cache, np.zeros((8, 1, 64), np.float16), np.array([3], np.int32), 4)
 
 
+def test_read_only_typed_views(rng):
+    """view_as takes read-only bit buffers: a read-only bf16 q and cache give the same
+    output as writable ones; a read-only out viewed as bf16 is refused by the op, naming
+    out, and left unchanged."""
+    pg = Paged(rng, [7, 12], 4, 2, 64)
+    q = bf16_bits(rng.standard_normal((2, 2, 64)))
+    k, v = bf16_bits(pg.k), bf16_bits(pg.v)
+    out = np.full(q.shape, 0x7FC0, np.uint16)
+    args = (pg.page_table, pg.seq_lens, 4, 1)
+    pm.batch_decode(pm.view_as(q, "bf16"), pm.view_as(k, "bf16"), pm.view_as(v, "bf16"), *args,
+                    pm.view_as(out, "bf16"))
+    want = out.copy()
+    for a in (q, k, v):
+        a.setflags(write=False)
+    out[...] = 0x7FC0
+    pm.batch_decode(pm.view_as(q, "bf16"), pm.view_as(k, "bf16"), pm.view_as(pm.view_as(v, "fp16"), "bf16"),
+                    *args, pm.view_as(out, "bf16"))
+    np.testing.assert_array_equal(out, want)
+    frozen = out.copy()
+    frozen.setflags(write=False)
+    with pytest.raises(pm.Error, match=r"^batch_decode: out: expected a writable array .*got a read-only array$"):
+        pm.batch_decode(pm.view_as(q, "bf16"), pm.view_as(k, "bf16"), pm.view_as(v, "bf16"), *args,
+                        pm.view_as(frozen, "bf16"))
+    np.testing.assert_array_equal(frozen, want)
+
+
 def test_empty_numpy_arrays_are_no_ops():
     """D5: NumPy gives empty arrays strides 0; T = 0 and batch 0 are no-ops."""
     k_cache = np.zeros((32, 2, 64), np.float16)
