@@ -1,5 +1,7 @@
 #include "array.h"
 
+#include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "pagedmha/error.h"
@@ -58,6 +60,16 @@ std::optional<DType> dtype_from_dlpack(nb::dlpack::dtype dt) {
       break;
   }
   return std::nullopt;
+}
+
+float to_float32(double value, const char* op, const char* name) {
+  const auto narrow = static_cast<float>(value);
+  if (std::isfinite(value) && (!std::isfinite(narrow) || (value != 0.0 && narrow == 0.0f))) {
+    char got[32];
+    std::snprintf(got, sizeof got, "%.6g", value);
+    throw_invalid_argument(op, name, "a value float32 holds (0 or magnitude in [1.4e-45, 3.4e38])", got);
+  }
+  return narrow;
 }
 
 Device parse_device(const std::string& text, const char* op, const char* name) {

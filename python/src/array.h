@@ -46,6 +46,12 @@ TensorView to_view(const ArrayArg& arg, const char* op, const char* name, Access
 /// DType of a DLPack dtype, if the library has one.
 std::optional<DType> dtype_from_dlpack(nb::dlpack::dtype dt);
 
+/// A Python float as the library's float32. Throws pagedmha::Error "<op>: <name>: ..." for
+/// a finite value that float32 cannot hold: one that would overflow to infinity, or a
+/// nonzero one that would round to 0 (a scale of 1e-50 would otherwise silently zero the
+/// output). NaN and infinities pass through to the op's own checks.
+float to_float32(double value, const char* op, const char* name);
+
 /// Parses "cpu", "cuda" (device 0) or "cuda:N" (anything whose str() is one of these,
 /// e.g. a torch.device).
 Device parse_device(const std::string& text, const char* op, const char* name);

@@ -276,7 +276,7 @@ void bind_backend(nb::module_& m) {
       .def(
           "__init__",
           [](PyLayerSpec* self, int layer_id, int num_q_heads, int num_kv_heads, int head_dim,
-             std::optional<float> scaling, int window_left, float k_scale, float v_scale, float logits_soft_cap,
+             std::optional<double> scaling, int window_left, double k_scale, double v_scale, double logits_soft_cap,
              std::string group_id, const ArrayArg& sinks) {
             new (self) PyLayerSpec{};
             LayerSpec& s = self->spec;
@@ -284,17 +284,17 @@ void bind_backend(nb::module_& m) {
             s.num_q_heads = num_q_heads;
             s.num_kv_heads = num_kv_heads;
             s.head_dim = head_dim;
-            s.scaling = scaling.value_or(0.0f);  // 0: head_dim^-0.5 (backend.h)
+            s.scaling = to_float32(scaling.value_or(0.0), "LayerSpec", "scaling");  // 0: head_dim^-0.5 (backend.h)
             s.window_left = window_left;
-            s.k_scale = k_scale;
-            s.v_scale = v_scale;
-            s.logits_soft_cap = logits_soft_cap;
+            s.k_scale = to_float32(k_scale, "LayerSpec", "k_scale");
+            s.v_scale = to_float32(v_scale, "LayerSpec", "v_scale");
+            s.logits_soft_cap = to_float32(logits_soft_cap, "LayerSpec", "logits_soft_cap");
             s.group_id = std::move(group_id);
             self->sinks = sinks;
           },
           nb::kw_only(), arg("layer_id"), arg("num_q_heads"), arg("num_kv_heads"), arg("head_dim"),
-          arg("scaling").none() = nb::none(), arg("window_left") = -1, arg("k_scale") = 1.0f, arg("v_scale") = 1.0f,
-          arg("logits_soft_cap") = 0.0f, arg("group_id") = "", arg("sinks").none() = nb::none(),
+          arg("scaling").none() = nb::none(), arg("window_left") = -1, arg("k_scale") = 1.0, arg("v_scale") = 1.0,
+          arg("logits_soft_cap") = 0.0, arg("group_id") = "", arg("sinks").none() = nb::none(),
           "layer_id; num_q_heads Hq; num_kv_heads Hkv (Hq % Hkv == 0); head_dim D (64, 128,\n"
           "256); scaling: sm_scale, None (the default) or 0: D**-0.5; window_left: W (-1: none; HF sliding_window\n"
           "S -> S - 1); k_scale, v_scale: fp8 cache scales (stored = x / scale; ignored for\n"

@@ -33,16 +33,16 @@ Stream to_stream(std::optional<std::uintptr_t> handle) {
 // bmm1_scale None: head_dim^-0.5 with head_dim = q's last dim, the default of FlashAttention
 // and FlashInfer (an unscaled softmax is never what a caller who left it out meant).
 AttentionParams attention_params(const Views& view, const TensorView& q,
-                                 std::optional<float> bmm1_scale, float bmm2_scale,
-                                 int window_left, float logits_soft_cap, const ArrayArg& sinks) {
+                                 std::optional<double> bmm1_scale, double bmm2_scale,
+                                 int window_left, double logits_soft_cap, const ArrayArg& sinks) {
   const int64_t head_dim = q.ndim > 0 ? q.shape[q.ndim - 1] : 0;
   AttentionParams p;
   // Without a head dim the op rejects q itself; the scale is then never used.
-  p.bmm1_scale = bmm1_scale ? *bmm1_scale
+  p.bmm1_scale = bmm1_scale ? to_float32(*bmm1_scale, view.op, "bmm1_scale")
                             : (head_dim > 0 ? 1.0f / std::sqrt(static_cast<float>(head_dim)) : 1.0f);
-  p.bmm2_scale = bmm2_scale;
+  p.bmm2_scale = to_float32(bmm2_scale, view.op, "bmm2_scale");
   p.window_left = window_left;
-  p.logits_soft_cap = logits_soft_cap;
+  p.logits_soft_cap = to_float32(logits_soft_cap, view.op, "logits_soft_cap");
   p.sinks = view("sinks", sinks);
   return p;
 }
@@ -223,24 +223,25 @@ void bind_ops(nb::module_& m) {
   m.def(
       "append_kv",
       [](const ArrayArg& k, const ArrayArg& v, const ArrayArg& k_cache, const ArrayArg& v_cache,
-         const ArrayArg& out_cache_loc, int page_size, float k_scale, float v_scale,
+         const ArrayArg& out_cache_loc, int page_size, double k_scale, double v_scale,
          std::optional<std::uintptr_t> stream) {
         const Views view{"append_kv"};
+        const float ks = to_float32(k_scale, view.op, "k_scale"), vs = to_float32(v_scale, view.op, "v_scale");
         const TensorView k_ = view("k", k), v_ = view("v", v), kc = view.out("k_cache", k_cache),
                          vc = view.out("v_cache", v_cache), loc = view("out_cache_loc", out_cache_loc);
         nb::gil_scoped_release release;
-        append_kv(k_, v_, kc, vc, loc, page_size, k_scale, v_scale, to_stream(stream));
+        append_kv(k_, v_, kc, vc, loc, page_size, ks, vs, to_stream(stream));
       },
       arg("k"), arg("v"), arg("k_cache"), arg("v_cache"), arg("out_cache_loc"), arg("page_size"),
-      arg("k_scale") = 1.0f, arg("v_scale") = 1.0f, nb::kw_only(), arg("stream").none() = nb::none(),
+      arg("k_scale") = 1.0, arg("v_scale") = 1.0, nb::kw_only(), arg("stream").none() = nb::none(),
       kAppendKvDoc);
 
   m.def(
       "batch_decode",
       [](const ArrayArg& q, const ArrayArg& k_cache, const ArrayArg& v_cache,
          const ArrayArg& page_table, const ArrayArg& seq_lens, int page_size, int q_len_per_req,
-         const ArrayArg& out, std::optional<float> bmm1_scale, float bmm2_scale, int window_left,
-         float logits_soft_cap, const ArrayArg& sinks, int num_splits, const ArrayArg& lse,
+         const ArrayArg& out, std::optional<double> bmm1_scale, double bmm2_scale, int window_left,
+         double logits_soft_cap, const ArrayArg& sinks, int num_splits, const ArrayArg& lse,
          const ArrayArg& workspace, std::optional<std::uintptr_t> stream) {
         const Views view{"batch_decode"};
         const TensorView q_ = view("q", q), kc = view("k_cache", k_cache),
@@ -256,7 +257,7 @@ void bind_ops(nb::module_& m) {
       },
       arg("q"), arg("k_cache"), arg("v_cache"), arg("page_table"), arg("seq_lens"),
       arg("page_size"), arg("q_len_per_req"), arg("out"), nb::kw_only(), arg("bmm1_scale").none() = nb::none(),
-      arg("bmm2_scale") = 1.0f, arg("window_left") = -1, arg("logits_soft_cap") = 0.0f,
+      arg("bmm2_scale") = 1.0, arg("window_left") = -1, arg("logits_soft_cap") = 0.0,
       arg("sinks").none() = nb::none(), arg("num_splits") = 0, arg("lse").none() = nb::none(),
       arg("workspace").none() = nb::none(), arg("stream").none() = nb::none(), kBatchDecodeDoc);
 
@@ -264,8 +265,8 @@ void bind_ops(nb::module_& m) {
       "batch_prefill",
       [](const ArrayArg& q, const ArrayArg& k_cache, const ArrayArg& v_cache,
          const ArrayArg& page_table, const ArrayArg& seq_lens, const ArrayArg& cu_seqlens_q,
-         int page_size, int max_q_len, const ArrayArg& out, std::optional<float> bmm1_scale,
-         float bmm2_scale, int window_left, float logits_soft_cap, const ArrayArg& sinks,
+         int page_size, int max_q_len, const ArrayArg& out, std::optional<double> bmm1_scale,
+         double bmm2_scale, int window_left, double logits_soft_cap, const ArrayArg& sinks,
          bool causal, const ArrayArg& lse, const ArrayArg& workspace,
          std::optional<std::uintptr_t> stream) {
         const Views view{"batch_prefill"};
@@ -283,8 +284,8 @@ void bind_ops(nb::module_& m) {
       },
       arg("q"), arg("k_cache"), arg("v_cache"), arg("page_table"), arg("seq_lens"),
       arg("cu_seqlens_q"), arg("page_size"), arg("max_q_len"), arg("out"), nb::kw_only(),
-      arg("bmm1_scale").none() = nb::none(), arg("bmm2_scale") = 1.0f, arg("window_left") = -1,
-      arg("logits_soft_cap") = 0.0f, arg("sinks").none() = nb::none(), arg("causal") = true,
+      arg("bmm1_scale").none() = nb::none(), arg("bmm2_scale") = 1.0, arg("window_left") = -1,
+      arg("logits_soft_cap") = 0.0, arg("sinks").none() = nb::none(), arg("causal") = true,
       arg("lse").none() = nb::none(), arg("workspace").none() = nb::none(),
       arg("stream").none() = nb::none(), kBatchPrefillDoc);
 

@@ -181,6 +181,27 @@ def test_bools_are_not_numbers(decode_args, index, kwargs, message):
     assert np.all(np.isnan(decode_args[7]))
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(bmm2_scale=1e-50), r"^batch_decode: bmm2_scale: expected a value float32 holds .*got 1e-50$"),
+    (dict(bmm1_scale=-1e-300), r"^batch_decode: bmm1_scale: expected a value float32 holds .*got -1e-300$"),
+    (dict(logits_soft_cap=1e39), r"^batch_decode: logits_soft_cap: expected a value float32 holds .*got 1e\+39$"),
+])
+def test_scalars_float32_cannot_hold_are_refused(decode_args, kwargs, message):
+    """The scales are float32 in the library: a finite value that would round to 0 or
+    overflow to infinity is an error naming it, not a silently zeroed output."""
+    with pytest.raises(pm.Error, match=message):
+        call_decode(decode_args, **kwargs)
+    assert np.all(np.isnan(decode_args[7]))
+    with pytest.raises(pm.Error, match=r"^LayerSpec: v_scale: expected a value float32 holds .*got 1e-60$"):
+        pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, v_scale=1e-60)
+    with pytest.raises(pm.Error, match=r"^append_kv: k_scale: expected a value float32 holds .*got 1e-46$"):
+        k = np.zeros((1, HKV, D), np.float16)
+        pm.append_kv(k, k, np.zeros((8, HKV, D), np.uint8), np.zeros((8, HKV, D), np.uint8),
+                     np.zeros(1, np.int32), 4, k_scale=1e-46)
+    call_decode(decode_args, bmm2_scale=1e-40)  # subnormal: float32 holds it
+    assert not np.any(np.isnan(decode_args[7]))
+
+
 def test_bools_are_not_numbers_in_backend_calls():
     with pytest.raises(pm.Error, match=r"^create_backend: page_size: expected an int, got bool True$"):
         pm.create_backend("trtllm", page_size=True, context_len=64)
