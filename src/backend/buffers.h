@@ -56,22 +56,29 @@ class CallScope {
 
 // Runs op `f` (named `op` in its errors) on the user's arguments under the op's parameter
 // names: an error about parameter p names the user's call and argument args[p] instead
-// ({"seq_lens", "batch.seq_lens"}); other errors get the call in front.
+// ({"seq_lens", "batch.seq_lens"}); other errors get the call in front. `rows`, when not
+// empty, is appended in parentheses: where the op ran on a slice of the step's rows, it
+// says where the indices in the message start.
 template <class F>
-void with_user_args(const char* op, std::initializer_list<std::pair<const char*, std::string>> args, F&& f) {
+void with_user_args(const char* op, std::initializer_list<std::pair<const char*, std::string>> args, F&& f,
+                    const std::string& rows = {}) {
   try {
     f();
   } catch (const Error& e) {
     const std::string m = e.what(), head = std::string(op) + ": ", call = std::string(CallScope::name()) + ": ";
-    if (m.compare(0, call.size(), call) == 0) throw;  // already names the user's call
+    const std::string tail = rows.empty() ? std::string() : " (" + rows + ")";
+    if (m.compare(0, call.size(), call) == 0) {
+      if (tail.empty()) throw;  // already names the user's call
+      throw Error(m + tail);
+    }
     if (m.compare(0, head.size(), head) == 0) {
       const std::size_t end = m.find(": ", head.size());
       const std::string param = m.substr(head.size(), end == std::string::npos ? 0 : end - head.size());
       for (const auto& [name, user] : args) {
-        if (param == name) throw Error(std::string(CallScope::name()) + ": " + user + m.substr(end));
+        if (param == name) throw Error(std::string(CallScope::name()) + ": " + user + m.substr(end) + tail);
       }
     }
-    throw Error(std::string(CallScope::name()) + ": " + m);
+    throw Error(std::string(CallScope::name()) + ": " + m + tail);
   }
 }
 

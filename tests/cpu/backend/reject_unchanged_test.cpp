@@ -264,6 +264,51 @@ TEST(RejectUnchangedDebug, ExtendStepChecksTheKeysItWillRead) {
   EXPECT_EQ(step(), "");
 }
 
+// An extend step whose trailing one-token rows run as a decode batch: an error in those
+// rows says where the decode batch's row indices start in the step.
+TEST(RejectUnchangedDebug, DecodeRowsOfAMixedStepSayWhereTheirIndicesStart) {
+  const DebugOn debug;
+  std::mt19937 rng(14);
+  Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
+  Ints r2p = pool_table(), seq({5, 5, 6}), rpi({1, 2, 3}), ext({3, 1, 1}), prefix({2, 4, 5});
+  MhaBackend be(step_config());
+  ForwardBatch fb;
+  fb.forward_mode = ForwardMode::extend;
+  fb.batch_size = 3;
+  fb.seq_lens = seq.view();
+  fb.req_pool_indices = rpi.view();
+  fb.req_to_page = r2p.view();
+  fb.extend_seq_lens_cpu = ext.view();
+  fb.extend_prefix_lens_cpu = prefix.view();
+  be.init_forward_metadata(fb);
+  ASSERT_EQ(be.prefill_metadata()->decode_rows, 2);
+  Ints loc({1 * P + 2, 1 * P + 3, 2 * P + 0, 10 * P + 0, 18 * P + 1});
+  Floats q(DType::bf16, {5, Hq * D}), k(DType::bf16, {5, Hkv * D}), v(DType::bf16, {5, Hkv * D}),
+      out(DType::bf16, {5, Hq * D});
+  q.randomize(rng), k.randomize(rng), v.randomize(rng), out.randomize(rng);
+  const auto step = [&] {
+    return testutil::error_of([&] { be.forward_extend(q.view(), k.view(), v.view(), layer.spec, layer.kv(), loc.view(), 3, out.view()); });
+  };
+  ASSERT_EQ(step(), "");
+  q.set(4 * Hq * D + D, std::numeric_limits<double>::quiet_NaN());  // token 4 (request 2), head 1
+  const uint64_t k0 = checksum(layer.k.bytes), o0 = checksum(out.bytes);
+  const std::string msg = step();
+  EXPECT_NE(msg.find(": q: expected finite values"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("at row 1, head 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(indices count from the step's decode rows: their request 0 is request 1 of the batch, "
+                     "their q row 0 is row 3)"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(checksum(layer.k.bytes), k0);
+  EXPECT_EQ(checksum(out.bytes), o0);
+  // A prefill row's error needs no such note: its indices are the step's.
+  q.set(4 * Hq * D + D, 0.5);
+  q.set(1 * Hq * D, std::numeric_limits<double>::quiet_NaN());
+  const std::string pre = step();
+  EXPECT_NE(pre.find(": q: expected finite values"), std::string::npos) << pre;
+  EXPECT_EQ(pre.find("indices count from"), std::string::npos) << pre;
+}
+
 INSTANTIATE_TEST_SUITE_P(Steps, RejectUnchanged, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "extend" : "decode"; });
 
