@@ -4,7 +4,8 @@
 # leaves build/variants-prefill/<name>). Writes <out>/<name>-s<shape>.txt (every section of the
 # `full` set) and <out>/<name>-s<shape>-sass.csv (per-instruction SASS with its stall
 # samples; SASS=0 leaves it out), and prints the headline figures. Clocks are left as
-# they are.
+# they are. The variant fa3-dense (FA3_DIR in prefill_variants.sh) is profiled the same
+# way, on its own shape list (bench/fa3_peer.cu); its kernel is CUTLASS's device_kernel.
 #
 #   bash bench/prefill_profile.sh <variant name> <shape index> [out dir, default build/profile]
 set -uo pipefail
@@ -14,7 +15,9 @@ bin=build/variants-prefill/$name
 [ -x "$bin" ] || { echo "prefill_profile: $bin not built (bash bench/prefill_variants.sh $name:...)" >&2; exit 2; }
 mkdir -p "$out"
 rep=$out/$name-s$shape
-ncu --clock-control none --kernel-name regex:prefill_kernel --launch-skip 1 --launch-count 1 --set full \
+kernel=prefill_kernel
+[ "$name" = fa3-dense ] && kernel=device_kernel
+ncu --clock-control none --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 1 --set full \
   --import-source no -f -o "$rep" "$bin" "$name" /dev/null "$shape" >"$rep.log" 2>&1 || { tail -5 "$rep.log"; exit 1; }
 ncu -i "$rep.ncu-rep" --page details >"$rep.txt" 2>&1
 [ "${SASS:-1}" = 1 ] && { ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep-sass.csv" 2>&1 || true; }
