@@ -53,6 +53,25 @@ struct DebugOn {
   ~DebugOn() { set_debug_validation(false); }
 };
 
+// The metadata of an extend step over the pool_table() rows `rpi`: each request's new
+// tokens `ext` after `prefix` cached ones.
+struct ExtendBatch {
+  Ints r2p = pool_table(), seq, rpi, ext, prefix;
+  ForwardBatch fb;
+  ExtendBatch(const V& rpi_, const V& ext_, const V& prefix_) : seq(V{}), rpi(rpi_), ext(ext_), prefix(prefix_) {
+    V lens(ext_.size());
+    for (size_t r = 0; r < lens.size(); ++r) lens[r] = prefix_[r] + ext_[r];
+    seq = Ints(lens);
+    fb.forward_mode = ForwardMode::extend;
+    fb.batch_size = static_cast<int>(lens.size());
+    fb.seq_lens = seq.view();
+    fb.req_pool_indices = rpi.view();
+    fb.req_to_page = r2p.view();
+    fb.extend_seq_lens_cpu = ext.view();
+    fb.extend_prefix_lens_cpu = prefix.view();
+  }
+};
+
 class RejectUnchanged : public ::testing::TestWithParam<bool> {};  // param: extend step
 
 TEST_P(RejectUnchanged, PoolAndOutputBitwiseUnchanged) {
@@ -222,17 +241,9 @@ TEST(RejectUnchangedDebug, ExtendStepChecksTheKeysItWillRead) {
   const DebugOn debug;
   std::mt19937 rng(13);
   Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
-  Ints r2p = pool_table(), seq({5, 6}), rpi({1, 2}), ext({3, 2}), prefix({2, 4});
+  ExtendBatch batch({1, 2}, {3, 2}, {2, 4});
   MhaBackend be(step_config());
-  ForwardBatch fb;
-  fb.forward_mode = ForwardMode::extend;
-  fb.batch_size = 2;
-  fb.seq_lens = seq.view();
-  fb.req_pool_indices = rpi.view();
-  fb.req_to_page = r2p.view();
-  fb.extend_seq_lens_cpu = ext.view();
-  fb.extend_prefix_lens_cpu = prefix.view();
-  be.init_forward_metadata(fb);
+  be.init_forward_metadata(batch.fb);
   // Positions 2, 3, 4 of request 1 (pages 1, 1, 2) and 4, 5 of request 2 (page 10).
   Ints loc({1 * P + 2, 1 * P + 3, 2 * P + 0, 10 * P + 0, 10 * P + 1});
   Floats q(DType::bf16, {5, Hq * D}), k(DType::bf16, {5, Hkv * D}), v(DType::bf16, {5, Hkv * D}),
@@ -270,17 +281,9 @@ TEST(RejectUnchangedDebug, DecodeRowsOfAMixedStepSayWhereTheirIndicesStart) {
   const DebugOn debug;
   std::mt19937 rng(14);
   Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
-  Ints r2p = pool_table(), seq({5, 5, 6}), rpi({1, 2, 3}), ext({3, 1, 1}), prefix({2, 4, 5});
+  ExtendBatch batch({1, 2, 3}, {3, 1, 1}, {2, 4, 5});
   MhaBackend be(step_config());
-  ForwardBatch fb;
-  fb.forward_mode = ForwardMode::extend;
-  fb.batch_size = 3;
-  fb.seq_lens = seq.view();
-  fb.req_pool_indices = rpi.view();
-  fb.req_to_page = r2p.view();
-  fb.extend_seq_lens_cpu = ext.view();
-  fb.extend_prefix_lens_cpu = prefix.view();
-  be.init_forward_metadata(fb);
+  be.init_forward_metadata(batch.fb);
   ASSERT_EQ(be.prefill_metadata()->decode_rows, 2);
   Ints loc({1 * P + 2, 1 * P + 3, 2 * P + 0, 10 * P + 0, 18 * P + 1});
   Floats q(DType::bf16, {5, Hq * D}), k(DType::bf16, {5, Hkv * D}), v(DType::bf16, {5, Hkv * D}),
