@@ -30,10 +30,14 @@
 // what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_SPEC_SOFTMAX=1
 // exponentiates against the current reference while the row maxima are found
 // (consumer.cuh softmax) wherever two consumer warpgroups run, =3 with three too, =0
-// nowhere (the default: fp8 KV at D = 64), =2 recomputes S for every tile instead (its
-// rare path, slow).
+// nowhere (the default: fp8 KV at D = 64, 16-bit KV at D = 128), =2 recomputes S for
+// every tile instead (its rare path, slow). PAGEDMHA_SM90_V_FIRST=1 has the producer
+// issue V_j before K_{j+1} (producer.cuh stream_kv).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
+#endif
+#ifndef PAGEDMHA_SM90_V_FIRST
+#define PAGEDMHA_SM90_V_FIRST 0
 #endif
 #ifndef PAGEDMHA_SM90_STAGES
 #define PAGEDMHA_SM90_STAGES 0
@@ -177,6 +181,12 @@ struct PrefillPolicy {
   // the H200 (2026-12-02 runs 6 and 7, docs/perf-notes/prefill-sm90.md), so it is off by default and
   // kept as an experiment.
   static constexpr bool kPingPong = PAGEDMHA_SM90_PINGPONG != 0;
+  // The producer's order within an item (producer.cuh stream_kv): K_{j+1} then V_j, the
+  // order the consumers use them, or (experiment) V_j first. With two K stages at D = 128
+  // the producer mostly waits for a free K stage, and V_j waits behind it: ncu found 17%
+  // of the KV steps waiting for V against 0.2% for K (prefill-sm90-schedule.md section
+  // 16).
+  static constexpr bool kVFirst = PAGEDMHA_SM90_V_FIRST != 0;
   // The softmax's ex2 flushes subnormal results (ex2.approx.ftz): one MUFU.EX2 per
   // probability instead of MUFU plus a compare and two multiplies, which roughly halves
   // the softmax's instructions (the wgmma consumers' critical path between their GEMMs;
