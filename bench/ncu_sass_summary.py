@@ -22,7 +22,10 @@ def load(path):
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt", newline="") as f:
         rows = list(csv.reader(f))
-    header = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
+    header = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)
+    if header is None:  # e.g. ncu's error text, which prefill_profile.sh writes in its place
+        raise SystemExit(f"ncu_sass_summary: {path}: expected ncu's SASS export (a row starting "
+                         f"with \"Address\"), got none; first line: {rows[0][:1] if rows else 'empty file'}")
     names = rows[header]
     col = {n: i for i, n in enumerate(names)}
     stall_cols = [(n[len("stall_"):], i) for n, i in col.items() if n.startswith("stall_") and "Not Issued" not in n]

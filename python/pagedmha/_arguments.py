@@ -220,9 +220,15 @@ def diagnose(op: str, params: tuple[Param, ...], args: tuple, kwargs: dict) -> O
         check = _check(p.annotation, p.name)
         if check is not None and not check[0](bound[p.name]):
             return f"{op}: {p.name}: expected {check[1]}, got {_show(bound[p.name])}"
-    # Right types: an int the C++ parameter cannot hold.
+    # Right types: an int the C++ parameter cannot hold, or a number no double holds (an
+    # int past 2^1024: nanobind then raises a TypeError naming the whole signature).
     for p in params:
         value = bound.get(p.name)
+        if p.annotation.startswith("float") and value is not None and _is_float(value):
+            try:
+                float(value)
+            except OverflowError:
+                return f"{op}: {p.name}: expected a value float32 holds, got {_show(value)}"
         if p.annotation.startswith("int") and value is not None and _is_int(value):
             value = operator.index(value)
             if p.name in _UNSIGNED and not 0 <= value < 2**64:

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "pagedmha/error.h"
@@ -62,12 +63,14 @@ std::optional<DType> dtype_from_dlpack(nb::dlpack::dtype dt) {
   return std::nullopt;
 }
 
+static_assert(std::numeric_limits<float>::is_iec559, "a double past float's range narrows to inf");
+
 float to_float32(double value, const char* op, const char* name) {
   const auto narrow = static_cast<float>(value);
   if (std::isfinite(value) && (!std::isfinite(narrow) || (value != 0.0 && narrow == 0.0f))) {
     char got[32];
-    std::snprintf(got, sizeof got, "%.6g", value);
-    throw_invalid_argument(op, name, "a value float32 holds (0 or magnitude in [1.4e-45, 3.4e38])", got);
+    std::snprintf(got, sizeof got, "%.9g", value);  // 9 digits: told apart from FLT_MAX
+    throw_invalid_argument(op, name, "a value float32 holds (one rounding to neither 0 nor infinity)", got);
   }
   return narrow;
 }

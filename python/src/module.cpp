@@ -44,7 +44,7 @@ void bind_types(nb::module_& m) {
       [](const ArrayArg& arg, DType dtype) {
         // A read-only array is viewed too (the ops refuse it only where they write); a
         // TypedArray is viewed through to its array.
-        const char* expected = "an array (NumPy, PyTorch, CuPy or any DLPack producer)";
+        const char* expected = "an array (NumPy, PyTorch, CuPy or any DLPack producer) or a pagedmha.TypedArray";
         if (arg.rejected.is_valid()) (void)to_view(arg, "view_as", "array", Access::read);  // names it
         if (!arg.array.is_valid()) throw_invalid_argument("view_as", "array", expected, "NoneType None");
         const nb::ndarray<nb::ro>& array = arg.array;
@@ -56,12 +56,14 @@ void bind_types(nb::module_& m) {
         }
         return TypedArray{array, dtype, arg.writable};
       },
-      nb::arg("array"), nb::arg("dtype"),
+      nb::arg("array").none(), nb::arg("dtype"),
       "Reads `array`'s elements as `dtype` without copying: NumPy has no bf16 or fp8, so a\n"
       "uint16 array holding bf16 bits is passed as view_as(a, DType.bf16), a uint8 one\n"
-      "holding fp8 E4M3FN bits as view_as(a, DType.fp8_e4m3). Element sizes must match.\n\n"
+      "holding fp8 E4M3FN bits as view_as(a, DType.fp8_e4m3). Element sizes must match.\n"
+      "A read-only array is viewed too (an op refuses it only where it writes); a\n"
+      "TypedArray is viewed through to its array.\n\n"
       "Returns:\n    TypedArray, accepted by every op wherever an array is.\n\n"
-      "Raises:\n    pagedmha.Error: element size mismatch.");
+      "Raises:\n    pagedmha.Error: element size mismatch, None or an object that is no array.");
 
   m.def("cuda_available", &cuda_available,
         "True when the library was built with CUDA and a CUDA device is visible.");

@@ -636,6 +636,12 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
                                   : (md.groups.empty() ? md.page_table : layer_group(layer, md).page_table);
   AttentionParams params;
   params.bmm1_scale = scaling * k_scale;
+  // With an fp8 cache the scale is a product of two finite factors, which may still round
+  // to 0 (a uniform softmax) or overflow.
+  if (fp8 && (params.bmm1_scale == 0.0f || !std::isfinite(params.bmm1_scale))) {
+    fail("layer.scaling", "a value whose product with layer.k_scale float32 holds (neither 0 nor inf)",
+         float_str(scaling) + " * " + float_str(k_scale) + " = " + float_str(params.bmm1_scale));
+  }
   params.bmm2_scale = v_scale;  // upstream leaves this at 1: v_scale never reaches the reads
   params.window_left = layer.window_left;
   params.logits_soft_cap = layer.logits_soft_cap;
@@ -724,11 +730,13 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   }
   if (plan.n_dec > 0) {
     decode_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& orr) {
-      // A mixed step's decode rows are checked as their own batch: say where it starts.
+      // A mixed step's decode rows are checked as their own batch: say where it starts
+      // (the step's new tokens, which the pending write holds whole, keep their indices).
       const std::string rows = md.ragged && plan.n_pre > 0
-                                   ? "indices count from the step's decode rows: their request 0 is request " +
+                                   ? "request indices and q rows count from the step's decode rows: their "
+                                     "request 0 is request " +
                                          std::to_string(plan.n_pre) + " of the batch, their q row 0 is row " +
-                                         std::to_string(r_dec)
+                                         std::to_string(r_dec) + "; token indices are the step's"
                                    : std::string();
       as_user_args(
           "batch_decode",

@@ -185,6 +185,8 @@ def test_bools_are_not_numbers(decode_args, index, kwargs, message):
     (dict(bmm2_scale=1e-50), r"^batch_decode: bmm2_scale: expected a value float32 holds .*got 1e-50$"),
     (dict(bmm1_scale=-1e-300), r"^batch_decode: bmm1_scale: expected a value float32 holds .*got -1e-300$"),
     (dict(logits_soft_cap=1e39), r"^batch_decode: logits_soft_cap: expected a value float32 holds .*got 1e\+39$"),
+    (dict(bmm2_scale=3.4028236e38), r"^batch_decode: bmm2_scale: expected a value float32 holds .*got 3.4028236e\+38$"),
+    (dict(bmm2_scale=10**400), r"^batch_decode: bmm2_scale: expected a value float32 holds, got int 1000"),
 ])
 def test_scalars_float32_cannot_hold_are_refused(decode_args, kwargs, message):
     """The scales are float32 in the library: a finite value that would round to 0 or
@@ -192,14 +194,23 @@ def test_scalars_float32_cannot_hold_are_refused(decode_args, kwargs, message):
     with pytest.raises(pm.Error, match=message):
         call_decode(decode_args, **kwargs)
     assert np.all(np.isnan(decode_args[7]))
+
+
+def test_scalars_float32_holds_are_taken(decode_args):
+    """The edges float32 does hold are no errors: FLT_MAX itself, a subnormal."""
+    call_decode(decode_args, bmm2_scale=float(np.finfo(np.float32).max))
+    call_decode(decode_args, bmm2_scale=1e-40)
+    assert not np.any(np.isnan(decode_args[7]))
+
+
+def test_layer_and_append_scales_float32_cannot_hold_are_refused():
     with pytest.raises(pm.Error, match=r"^LayerSpec: v_scale: expected a value float32 holds .*got 1e-60$"):
         pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, v_scale=1e-60)
+    k = np.zeros((1, HKV, D), np.float16)
+    k_cache, v_cache = np.zeros((8, HKV, D), np.uint8), np.zeros((8, HKV, D), np.uint8)
     with pytest.raises(pm.Error, match=r"^append_kv: k_scale: expected a value float32 holds .*got 1e-46$"):
-        k = np.zeros((1, HKV, D), np.float16)
-        pm.append_kv(k, k, np.zeros((8, HKV, D), np.uint8), np.zeros((8, HKV, D), np.uint8),
-                     np.zeros(1, np.int32), 4, k_scale=1e-46)
-    call_decode(decode_args, bmm2_scale=1e-40)  # subnormal: float32 holds it
-    assert not np.any(np.isnan(decode_args[7]))
+        pm.append_kv(k, k, k_cache, v_cache, np.zeros(1, np.int32), 4, k_scale=1e-46)
+    assert not k_cache.any() and not v_cache.any()
 
 
 def test_bools_are_not_numbers_in_backend_calls():

@@ -3,6 +3,9 @@ hand-written export: the loop found as the largest group sharing one execution c
 its cycles per step from the issued share of its samples."""
 
 import csv
+import gzip
+
+import pytest
 
 from script_module import REPO, load_script
 
@@ -43,3 +46,19 @@ def test_opcode_of_predicated_and_empty():
     assert NS.opcode("@!P0  BRA 0x7f00") == "BRA"
     assert NS.opcode("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ") == "HGMMA"
     assert NS.opcode("") == "?"
+
+
+def test_gzipped_export_through_main(tmp_path, capsys):
+    rows = [(f"FADD R{i}, R1, R2", 7, 1, 1, 0) for i in range(100)]
+    plain = export(tmp_path, rows)
+    packed = tmp_path / "k-sass.csv.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert NS.main([str(packed)]) == 0
+    assert "loop (7 executions): 100 instructions, ~200 cycles per step per warp" in capsys.readouterr().out
+
+
+def test_not_an_export_is_named(tmp_path):
+    bad = tmp_path / "k-sass.csv"
+    bad.write_text("==ERROR== Failed to profile\n")
+    with pytest.raises(SystemExit, match=r"expected ncu's SASS export .*Failed to profile"):
+        NS.main([str(bad)])

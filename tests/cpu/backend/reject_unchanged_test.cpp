@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "backend_fixture.h"
 #include "common/error_text.h"
@@ -298,18 +299,64 @@ TEST(RejectUnchangedDebug, DecodeRowsOfAMixedStepSayWhereTheirIndicesStart) {
   const std::string msg = step();
   EXPECT_NE(msg.find(": q: expected finite values"), std::string::npos) << msg;
   EXPECT_NE(msg.find("at row 1, head 1"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("(indices count from the step's decode rows: their request 0 is request 1 of the batch, "
-                     "their q row 0 is row 3)"),
-            std::string::npos)
-      << msg;
+  const std::string note =
+      "(request indices and q rows count from the step's decode rows: their request 0 is request 1 of the "
+      "batch, their q row 0 is row 3; token indices are the step's)";
+  EXPECT_NE(msg.find(note), std::string::npos) << msg;
   EXPECT_EQ(checksum(layer.k.bytes), k0);
   EXPECT_EQ(checksum(out.bytes), o0);
-  // A prefill row's error needs no such note: its indices are the step's.
+  // A new key of a decode row (token 4, request 2: the decode rows' request 1) keeps its
+  // token index; its request is the decode rows'.
   q.set(4 * Hq * D + D, 0.5);
+  k.set(4 * Hkv * D + 3, std::numeric_limits<double>::quiet_NaN());
+  const std::string kmsg = step();
+  EXPECT_NE(kmsg.find(": k: expected finite values"), std::string::npos) << kmsg;
+  EXPECT_NE(kmsg.find("token 4 (key 5 of request 1)"), std::string::npos) << kmsg;
+  EXPECT_NE(kmsg.find(note), std::string::npos) << kmsg;
+  EXPECT_EQ(checksum(layer.k.bytes), k0);
+  k.set(4 * Hkv * D + 3, 0.25);
+  // A prefill row's error needs no such note: its indices are the step's.
   q.set(1 * Hq * D, std::numeric_limits<double>::quiet_NaN());
   const std::string pre = step();
   EXPECT_NE(pre.find(": q: expected finite values"), std::string::npos) << pre;
   EXPECT_EQ(pre.find("indices count from"), std::string::npos) << pre;
+}
+
+// With an fp8 cache the softmax scale is layer.scaling * layer.k_scale: two finite
+// factors whose float product rounds to 0 (a uniform softmax) or overflows are refused,
+// naming both, before anything is written.
+TEST(RejectUnchanged, Fp8ScaleProductFloat32CannotHold) {
+  std::mt19937 rng(15);
+  Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::fp8_e4m3, rng);
+  BackendConfig cfg = step_config();
+  cfg.kv_cache_dtype = DType::fp8_e4m3;
+  MhaBackend be(cfg);
+  Ints r2p = pool_table(), seq({5}), rpi({1});
+  ForwardBatch fb;
+  fb.forward_mode = ForwardMode::decode;
+  fb.batch_size = 1;
+  fb.seq_lens = seq.view();
+  fb.req_pool_indices = rpi.view();
+  fb.req_to_page = r2p.view();
+  be.init_forward_metadata(fb);
+  Ints loc({1 * P + 0});
+  Floats q(DType::bf16, {1, Hq * D}), k(DType::bf16, {1, Hkv * D}), v(DType::bf16, {1, Hkv * D}),
+      out(DType::bf16, {1, Hq * D});
+  q.randomize(rng), k.randomize(rng), v.randomize(rng), out.randomize(rng);
+  const uint64_t k0 = checksum(layer.k.bytes), o0 = checksum(out.bytes);
+  for (const auto& [scaling, k_scale, shown] :
+       {std::tuple{1e-30f, 1e-20f, "1e-30 * 1e-20 = 0"}, std::tuple{1e30f, 1e20f, "1e+30 * 1e+20 = inf"}}) {
+    layer.spec.scaling = scaling;
+    layer.spec.k_scale = k_scale;
+    const std::string msg = testutil::error_of(
+        [&] { be.forward_decode(q.view(), k.view(), v.view(), layer.spec, layer.kv(), loc.view(), 1, out.view()); });
+    EXPECT_NE(msg.find("MhaBackend.forward_decode: layer.scaling: expected a value whose product with layer.k_scale"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(shown), std::string::npos) << msg;
+    EXPECT_EQ(checksum(layer.k.bytes), k0);
+    EXPECT_EQ(checksum(out.bytes), o0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Steps, RejectUnchanged, ::testing::Values(false, true),
