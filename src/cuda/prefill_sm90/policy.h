@@ -30,9 +30,9 @@
 // what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_SPEC_SOFTMAX=1
 // exponentiates against the current reference while the row maxima are found
 // (consumer.cuh softmax) wherever two consumer warpgroups run, =3 with three too, =0
-// nowhere (the default: fp8 KV at D = 64, 16-bit KV at D = 128), =2 recomputes S for
-// every tile instead (its rare path, slow). PAGEDMHA_SM90_V_FIRST=1 has the producer
-// issue V_j before K_{j+1} (producer.cuh stream_kv).
+// nowhere (the default: fp8 KV at D = 64), =2 recomputes S for every tile instead (its
+// rare path, slow). PAGEDMHA_SM90_V_FIRST=1 has the producer issue V_j before K_{j+1}
+// (producer.cuh stream_kv).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
