@@ -54,22 +54,31 @@ struct DebugOn {
   ~DebugOn() { set_debug_validation(false); }
 };
 
-// The metadata of an extend step over the pool_table() rows `rpi`: each request's new
-// tokens `ext` after `prefix` cached ones.
-struct ExtendBatch {
-  Ints r2p = pool_table(), seq, rpi, ext, prefix;
+// The metadata of a step over the pool_table() rows `rpi`: a decode step of lengths
+// `lens`, or an extend step of `ext` new tokens after `prefix` cached ones per request.
+struct StepBatch {
+  Ints r2p = pool_table(), seq, rpi, ext{V{}}, prefix{V{}};
   ForwardBatch fb;
-  ExtendBatch(const V& rpi_, const V& ext_, const V& prefix_) : seq(V{}), rpi(rpi_), ext(ext_), prefix(prefix_) {
-    V lens(ext_.size());
-    for (size_t r = 0; r < lens.size(); ++r) lens[r] = prefix_[r] + ext_[r];
-    seq = Ints(lens);
-    fb.forward_mode = ForwardMode::extend;
+  StepBatch(const V& rpi_, const V& lens) : seq(lens), rpi(rpi_) {
+    fb.forward_mode = ForwardMode::decode;
     fb.batch_size = static_cast<int>(lens.size());
     fb.seq_lens = seq.view();
     fb.req_pool_indices = rpi.view();
     fb.req_to_page = r2p.view();
+  }
+  StepBatch(const V& rpi_, const V& ext_, const V& prefix_) : StepBatch(rpi_, sum(ext_, prefix_)) {
+    ext = Ints(ext_);
+    prefix = Ints(prefix_);
+    fb.forward_mode = ForwardMode::extend;
     fb.extend_seq_lens_cpu = ext.view();
     fb.extend_prefix_lens_cpu = prefix.view();
+  }
+  StepBatch(const StepBatch&) = delete;  // fb points into the members
+  StepBatch& operator=(const StepBatch&) = delete;
+  static V sum(const V& a, const V& b) {
+    V out(a.size());
+    for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+    return out;
   }
 };
 
@@ -79,21 +88,11 @@ TEST_P(RejectUnchanged, PoolAndOutputBitwiseUnchanged) {
   const bool extend = GetParam();
   std::mt19937 rng(11);
   Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
-  Ints r2p = pool_table();
   MhaBackend be(step_config());
-  // Two requests: decode (one token each) or extend (3 + 2 new tokens after 2 + 4 cached).
-  Ints seq(extend ? V{5, 6} : V{5, 6}), rpi({1, 2}), ext({3, 2}), prefix({2, 4});
-  ForwardBatch fb;
-  fb.forward_mode = extend ? ForwardMode::extend : ForwardMode::decode;
-  fb.batch_size = 2;
-  fb.seq_lens = seq.view();
-  fb.req_pool_indices = rpi.view();
-  fb.req_to_page = r2p.view();
-  if (extend) {
-    fb.extend_seq_lens_cpu = ext.view();
-    fb.extend_prefix_lens_cpu = prefix.view();
-  }
-  be.init_forward_metadata(fb);
+  // Two requests of lengths 5 and 6: decode (one token each) or extend (3 + 2 new tokens
+  // after 2 + 4 cached).
+  const StepBatch batch = extend ? StepBatch({1, 2}, {3, 2}, {2, 4}) : StepBatch({1, 2}, {5, 6});
+  be.init_forward_metadata(batch.fb);
   const int T = extend ? 5 : 2;
   // Slots of the new tokens: request 1 uses pages 1.., request 2 pages 9..
   Ints loc(extend ? V{1 * P + 2, 1 * P + 3, 2 * P + 0, 9 * P + 0, 9 * P + 1} : V{1 * P + 0, 10 * P + 1});
@@ -169,14 +168,9 @@ TEST(RejectUnchangedDebug, RangeChecksRunBeforeTheWrite) {
   const DebugOn debug;
   std::mt19937 rng(12);
   Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
-  Ints r2p = pool_table(), seq({5, 6}), rpi({1, 2});
+  StepBatch batch({1, 2}, {5, 6});
+  ForwardBatch& fb = batch.fb;
   MhaBackend be(step_config());
-  ForwardBatch fb;
-  fb.forward_mode = ForwardMode::decode;
-  fb.batch_size = 2;
-  fb.seq_lens = seq.view();
-  fb.req_pool_indices = rpi.view();
-  fb.req_to_page = r2p.view();
   be.init_forward_metadata(fb);
   // The new tokens' slots: position 4 of request 1 (page 2), position 5 of request 2 (page 10).
   Ints loc({2 * P + 0, 10 * P + 1});
@@ -242,7 +236,7 @@ TEST(RejectUnchangedDebug, ExtendStepChecksTheKeysItWillRead) {
   const DebugOn debug;
   std::mt19937 rng(13);
   Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
-  ExtendBatch batch({1, 2}, {3, 2}, {2, 4});
+  StepBatch batch({1, 2}, {3, 2}, {2, 4});
   MhaBackend be(step_config());
   be.init_forward_metadata(batch.fb);
   // Positions 2, 3, 4 of request 1 (pages 1, 1, 2) and 4, 5 of request 2 (page 10).
@@ -282,7 +276,7 @@ TEST(RejectUnchangedDebug, DecodeRowsOfAMixedStepSayWhereTheirIndicesStart) {
   const DebugOn debug;
   std::mt19937 rng(14);
   Layer layer(Hq, Hkv, D, P, 1 + kMaxBs * (C / P), DType::bf16, rng);
-  ExtendBatch batch({1, 2, 3}, {3, 1, 1}, {2, 4, 5});
+  StepBatch batch({1, 2, 3}, {3, 1, 1}, {2, 4, 5});
   MhaBackend be(step_config());
   be.init_forward_metadata(batch.fb);
   ASSERT_EQ(be.prefill_metadata()->decode_rows, 2);
@@ -331,14 +325,8 @@ TEST(RejectUnchanged, Fp8ScaleProductFloat32CannotHold) {
   BackendConfig cfg = step_config();
   cfg.kv_cache_dtype = DType::fp8_e4m3;
   MhaBackend be(cfg);
-  Ints r2p = pool_table(), seq({5}), rpi({1});
-  ForwardBatch fb;
-  fb.forward_mode = ForwardMode::decode;
-  fb.batch_size = 1;
-  fb.seq_lens = seq.view();
-  fb.req_pool_indices = rpi.view();
-  fb.req_to_page = r2p.view();
-  be.init_forward_metadata(fb);
+  StepBatch batch({1}, {5});
+  be.init_forward_metadata(batch.fb);
   Ints loc({1 * P + 0});
   Floats q(DType::bf16, {1, Hq * D}), k(DType::bf16, {1, Hkv * D}), v(DType::bf16, {1, Hkv * D}),
       out(DType::bf16, {1, Hq * D});
