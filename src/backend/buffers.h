@@ -54,19 +54,30 @@ class CallScope {
   throw Error(head + m);
 }
 
+/// Where the rows an op ran on start in the user's step: nonzero when a mixed step's
+/// decode rows are checked as a batch of their own (their request 0 is the step's request
+/// `request`, their q row 0 its row `row`).
+struct RowOrigin {
+  int64_t request = 0, row = 0;
+};
+
 // Runs op `f` (named `op` in its errors) on the user's arguments under the op's parameter
 // names: an error about parameter p names the user's call and argument args[p] instead
-// ({"seq_lens", "batch.seq_lens"}); other errors get the call in front. `rows`, when not
-// empty, is appended in parentheses: where the op ran on a slice of the step's rows, it
-// says where the indices in the message start.
+// ({"seq_lens", "batch.seq_lens"}); other errors get the call in front. With a nonzero
+// `origin` the error also says where its request and q-row indices start (formatted only
+// when an error is thrown: this runs on every forward call).
 template <class F>
 void with_user_args(const char* op, std::initializer_list<std::pair<const char*, std::string>> args, F&& f,
-                    const std::string& rows = {}) {
+                    RowOrigin origin = {}) {
   try {
     f();
   } catch (const Error& e) {
     const std::string m = e.what(), head = std::string(op) + ": ", call = std::string(CallScope::name()) + ": ";
-    const std::string tail = rows.empty() ? std::string() : " (" + rows + ")";
+    const std::string tail =
+        origin.request == 0 ? std::string()
+                            : " (request indices and q rows count from the step's decode rows: their request 0 is "
+                              "request " + std::to_string(origin.request) + " of the batch, their q row 0 is row " +
+                                  std::to_string(origin.row) + "; token indices are the step's)";
     if (m.compare(0, call.size(), call) == 0) {
       if (tail.empty()) throw;  // already names the user's call
       throw Error(m + tail);

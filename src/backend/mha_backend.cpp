@@ -698,12 +698,12 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   const std::string table_arg = T == 0 || md.groups.empty()
                                     ? "batch.req_to_page (this step's page-table rows)"
                                     : "batch.group_tables['" + layer_group(layer, md).group_id + "']";
-  auto as_user_args = [&](const char* op, auto&& check, const std::string& rows = {}) {
+  auto as_user_args = [&](const char* op, auto&& check, RowOrigin origin = {}) {
     with_user_args(op,
                    {{"q", "q"}, {"out", "out"}, {"k_cache", "k_cache"}, {"v_cache", "v_cache"},
                     {"page_table", table_arg}, {"seq_lens", "batch.seq_lens"},
                     {"cu_seqlens_q", "batch.extend_seq_lens_cpu"}, {"sinks", "layer.sinks"}},
-                   check, rows);
+                   check, origin);
   };
   // The caches append_kv writes are read by the attention after it, as are its inputs:
   // a cache laid over the step's q, lengths, tables or sinks would change them in between.
@@ -730,21 +730,15 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   }
   if (plan.n_dec > 0) {
     decode_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& orr) {
-      // A mixed step's decode rows are checked as their own batch: say where it starts
-      // (the step's new tokens, which the pending write holds whole, keep their indices).
-      const std::string rows = md.ragged && plan.n_pre > 0
-                                   ? "request indices and q rows count from the step's decode rows: their "
-                                     "request 0 is request " +
-                                         std::to_string(plan.n_pre) + " of the batch, their q row 0 is row " +
-                                         std::to_string(r_dec) + "; token indices are the step's"
-                                   : std::string();
+      // A mixed step's decode rows are checked as their own batch: errors say where it
+      // starts (the step's new tokens, which the pending write holds whole, keep theirs).
       as_user_args(
           "batch_decode",
           [&] {
             detail::check_batch_decode("batch_decode", qr, kv.k_cache, kv.v_cache, tr, sl, config_.page_size,
                                        plan.dec_q_len, orr, params, {}, workspace, written, s);
           },
-          rows);
+          md.ragged ? RowOrigin{plan.n_pre, r_dec} : RowOrigin{});
     });
   }
   if (save) {
