@@ -119,27 +119,31 @@ struct OnlineSoftmax {
       m[h] = mx == -INFINITY ? -INFINITY : ref[h];
     }
     constexpr float kExactRef = 0x1p20f;  // see above
-    const bool huge = __any_sync(0xffffffffu, fabsf(ref[0]) >= kExactRef || fabsf(ref[1]) >= kExactRef);
+    // Huge references (rare): the product is rounded first, as the reference was, so the
+    // row's largest logit gets exp2(0) = 1 exactly (the fused form's excess, up to half an
+    // ulp of the product: 2^13 at 2^37, would flush it to 0 as easily as overflow it).
+    // Done here, in place, by multiplies alone; the exponentials below then run with
+    // scale 1, where fmaf(x, 1, -ref) is the rounded x - ref. fminf(x, ref) keeps every
+    // exponent <= 0: it is x except for x = +inf (a product past FLT_MAX: ref is FLT_MAX)
+    // and NaN, which both become ref, i.e. exp2(0) = 1. One copy of the exponentials
+    // keeps the cold path small and out of the loop's instruction stream.
+    float sc = scale;
+    if (__any_sync(0xffffffffu, fabsf(ref[0]) >= kExactRef || fabsf(ref[1]) >= kExactRef)) {
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[i][e] = fminf(__fmul_rn(s[i][e], scale), ref[Frag::row_of(e)]);
+      }
+      sc = 1.0f;
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = 0.0f;
-      if (huge) {
-        // The product rounded first, as the reference was: the row's largest logit then
-        // gets exp2(0) = 1 exactly. The fused form's excess (up to half an ulp of the
-        // product: 2^13 at 2^37) would flush it to 0 as easily as overflow it.
 #pragma unroll
-        for (int i = 0; i < NS; ++i) {
-          s[i][Frag::elem(h, 0)] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][Frag::elem(h, 0)], scale), ref[h]), 0.0f));
-          s[i][Frag::elem(h, 1)] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][Frag::elem(h, 1)], scale), ref[h]), 0.0f));
-          sum += s[i][Frag::elem(h, 0)] + s[i][Frag::elem(h, 1)];
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < NS; ++i) {
-          s[i][Frag::elem(h, 0)] = ex2(fmaf(s[i][Frag::elem(h, 0)], scale, -ref[h]));
-          s[i][Frag::elem(h, 1)] = ex2(fmaf(s[i][Frag::elem(h, 1)], scale, -ref[h]));
-          sum += s[i][Frag::elem(h, 0)] + s[i][Frag::elem(h, 1)];
-        }
+      for (int i = 0; i < NS; ++i) {
+        s[i][Frag::elem(h, 0)] = ex2(fmaf(s[i][Frag::elem(h, 0)], sc, -ref[h]));
+        s[i][Frag::elem(h, 1)] = ex2(fmaf(s[i][Frag::elem(h, 1)], sc, -ref[h]));
+        sum += s[i][Frag::elem(h, 0)] + s[i][Frag::elem(h, 1)];
       }
       l[h] = l[h] * alpha[h] + sum;
     }

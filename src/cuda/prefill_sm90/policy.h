@@ -198,13 +198,16 @@ struct PrefillPolicy {
   // chain; a moved reference costs one exact power-of-two multiply, a jump past 64 (or
   // the 2^20 range) a recomputed S from the cache (consumer.cuh softmax). Where the
   // softmax is the larger part of a step: two consumer warpgroups at D = 64, which is fp8
-  // KV there (+3-5% at gpt-oss 1 x 16k, 4 x 4k and the TP-8 rank, H200 s16run4); at
-  // D = 128 +1-3% at 1 x 16k and -1 to +1% at 4 x 4k and 16 x 1k, so off
-  // (docs/perf-notes/prefill-sm90-schedule.md section 13). Not with three consumer
+  // KV there (+3-5% at gpt-oss 1 x 16k, 4 x 4k and the TP-8 rank, H200 s16run4); and
+  // 16-bit KV at D = 128: +1-3% at 1 x 16k and -1 to +1% at 4 x 4k and 16 x 1k in the
+  // 15th and 16th sessions (section 13), +5% at 1 x 16k, +1% at 4 x 4k and +3% at
+  // 16 x 1k in s22run1, where ncu put the gap to FlashAttention-3 dense in the
+  // consumers' fixed-latency waits (section 16). Not at D = 256 (-5% at gemma 4 x 4k,
+  // s22run1). Not with three consumer
   // warpgroups (=3 builds it, 158 of their 160 registers): gpt-oss bf16 2-3% slower
   // (s18run4, section 14).
   static constexpr bool kSpecSoftmax =
-      (PAGEDMHA_SM90_SPEC_SOFTMAX < 0 ? Fp8Kv && D == 64 : PAGEDMHA_SM90_SPEC_SOFTMAX != 0) &&
+      (PAGEDMHA_SM90_SPEC_SOFTMAX < 0 ? (Fp8Kv && D == 64) || (!Fp8Kv && D == 128) : PAGEDMHA_SM90_SPEC_SOFTMAX != 0) &&
       PAGEDMHA_SM90_DIAG == 0 && (kConsumerWarpgroups == 2 || PAGEDMHA_SM90_SPEC_SOFTMAX == 3);
   static constexpr bool kSpecRecomputeAlways = PAGEDMHA_SM90_SPEC_SOFTMAX == 2;  // test of the rare path
   // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
