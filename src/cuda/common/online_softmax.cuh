@@ -14,6 +14,10 @@
 
 #include <cfloat>
 
+#ifndef PAGEDMHA_SOFTMAX_TWO_COPY
+#define PAGEDMHA_SOFTMAX_TWO_COPY 0  // 1: step()'s huge path as its own copy (s23 diagnostic)
+#endif
+
 namespace pagedmha::cuda {
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -127,6 +131,29 @@ struct OnlineSoftmax {
     // exponent <= 0: it is x except for x = +inf (a product past FLT_MAX: ref is FLT_MAX)
     // and NaN, which both become ref, i.e. exp2(0) = 1. One copy of the exponentials
     // keeps the cold path small and out of the loop's instruction stream.
+#if PAGEDMHA_SOFTMAX_TWO_COPY
+    const bool huge = __any_sync(0xffffffffu, fabsf(ref[0]) >= kExactRef || fabsf(ref[1]) >= kExactRef);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = 0.0f;
+      if (huge) {
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+          s[i][Frag::elem(h, 0)] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][Frag::elem(h, 0)], scale), ref[h]), 0.0f));
+          s[i][Frag::elem(h, 1)] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][Frag::elem(h, 1)], scale), ref[h]), 0.0f));
+          sum += s[i][Frag::elem(h, 0)] + s[i][Frag::elem(h, 1)];
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+          s[i][Frag::elem(h, 0)] = ex2(fmaf(s[i][Frag::elem(h, 0)], scale, -ref[h]));
+          s[i][Frag::elem(h, 1)] = ex2(fmaf(s[i][Frag::elem(h, 1)], scale, -ref[h]));
+          sum += s[i][Frag::elem(h, 0)] + s[i][Frag::elem(h, 1)];
+        }
+      }
+      l[h] = l[h] * alpha[h] + sum;
+    }
+#else
     float sc = scale;
     if (__any_sync(0xffffffffu, fabsf(ref[0]) >= kExactRef || fabsf(ref[1]) >= kExactRef)) {
 #pragma unroll
@@ -147,6 +174,7 @@ struct OnlineSoftmax {
       }
       l[h] = l[h] * alpha[h] + sum;
     }
+#endif
   }
 
   /// step() speculating that the tile leaves each reference where it is (0 before any
