@@ -14,10 +14,6 @@
 
 #include <cfloat>
 
-#ifndef PAGEDMHA_SOFTMAX_TWO_COPY
-#define PAGEDMHA_SOFTMAX_TWO_COPY 0  // 1: step()'s huge path as its own copy (s23 diagnostic)
-#endif
-
 namespace pagedmha::cuda {
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -99,8 +95,10 @@ struct OnlineSoftmax {
   /// would overflow to inf or flush the largest logit to 0.
   /// kFtz: fast_exp2_ftz for the probabilities and alpha (kernels whose results are not
   /// compared bitwise across key splits: a reference change can move a probability
-  /// across 2^-126 and so flush it on one side only).
-  template <int NS, bool kFtz = false>
+  /// across 2^-126 and so flush it on one side only). kOneCopy: the huge path rounds the
+  /// products in place and shares the common path's exponentials (a smaller loop; the
+  /// caller's policy says where it pays); else it has its own copy. Bitwise the same.
+  template <int NS, bool kFtz = false, bool kOneCopy = false>
   __device__ __forceinline__ void step(float (&s)[NS][4], float scale, float (&alpha)[2]) {
     const auto ex2 = [](float x) { return kFtz ? fast_exp2_ftz(x) : fast_exp2(x); };
     float ref[2];
@@ -125,18 +123,28 @@ struct OnlineSoftmax {
     constexpr float kExactRef = 0x1p20f;  // see above
     // Huge references (rare): the product is rounded first, as the reference was, so the
     // row's largest logit gets exp2(0) = 1 exactly (the fused form's excess, up to half an
-    // ulp of the product: 2^13 at 2^37, would flush it to 0 as easily as overflow it).
-    // Done here, in place, by multiplies alone; the exponentials below then run with
-    // scale 1, where fmaf(x, 1, -ref) is the rounded x - ref. fminf(x, ref) keeps every
-    // exponent <= 0: it is x except for x = +inf (a product past FLT_MAX: ref is FLT_MAX)
-    // and NaN, which both become ref, i.e. exp2(0) = 1. One copy of the exponentials
-    // keeps the cold path small and out of the loop's instruction stream.
-#if PAGEDMHA_SOFTMAX_TWO_COPY
+    // ulp of the product: 2^13 at 2^37, would flush it to 0 as easily as overflow it), and
+    // every exponent is clamped to <= 0.
     const bool huge = __any_sync(0xffffffffu, fabsf(ref[0]) >= kExactRef || fabsf(ref[1]) >= kExactRef);
+    float sc = scale;
+    if constexpr (kOneCopy) {
+      // In place, by multiplies alone; the one copy of the exponentials below then runs
+      // with scale 1, where fmaf(x, 1, -ref) is the rounded x - ref. fminf(x, ref) is x
+      // except for +inf (a product past FLT_MAX: ref is FLT_MAX) and NaN, which both
+      // become ref, i.e. exp2(0) = 1, as in the other form.
+      if (huge) {
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[i][e] = fminf(__fmul_rn(s[i][e], scale), ref[Frag::row_of(e)]);
+        }
+        sc = 1.0f;
+      }
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = 0.0f;
-      if (huge) {
+      if (!kOneCopy && huge) {
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
           s[i][Frag::elem(h, 0)] = ex2(fminf(__fsub_rn(__fmul_rn(s[i][Frag::elem(h, 0)], scale), ref[h]), 0.0f));
@@ -146,35 +154,13 @@ struct OnlineSoftmax {
       } else {
 #pragma unroll
         for (int i = 0; i < NS; ++i) {
-          s[i][Frag::elem(h, 0)] = ex2(fmaf(s[i][Frag::elem(h, 0)], scale, -ref[h]));
-          s[i][Frag::elem(h, 1)] = ex2(fmaf(s[i][Frag::elem(h, 1)], scale, -ref[h]));
+          s[i][Frag::elem(h, 0)] = ex2(fmaf(s[i][Frag::elem(h, 0)], sc, -ref[h]));
+          s[i][Frag::elem(h, 1)] = ex2(fmaf(s[i][Frag::elem(h, 1)], sc, -ref[h]));
           sum += s[i][Frag::elem(h, 0)] + s[i][Frag::elem(h, 1)];
         }
       }
       l[h] = l[h] * alpha[h] + sum;
     }
-#else
-    float sc = scale;
-    if (__any_sync(0xffffffffu, fabsf(ref[0]) >= kExactRef || fabsf(ref[1]) >= kExactRef)) {
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[i][e] = fminf(__fmul_rn(s[i][e], scale), ref[Frag::row_of(e)]);
-      }
-      sc = 1.0f;
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        s[i][Frag::elem(h, 0)] = ex2(fmaf(s[i][Frag::elem(h, 0)], sc, -ref[h]));
-        s[i][Frag::elem(h, 1)] = ex2(fmaf(s[i][Frag::elem(h, 1)], sc, -ref[h]));
-        sum += s[i][Frag::elem(h, 0)] + s[i][Frag::elem(h, 1)];
-      }
-      l[h] = l[h] * alpha[h] + sum;
-    }
-#endif
   }
 
   /// step() speculating that the tile leaves each reference where it is (0 before any

@@ -319,11 +319,11 @@ struct Consumer {
       recompute_s(s, t, key0, q_slot);
       fold = var.transform(s);
       if (boundary) mask(s, key0, t);
-      smx.template step<NS, Pol::kFtzExp2>(s, fold, alpha);
+      smx.template step<NS, Pol::kFtzExp2, Pol::kSoftmaxOneCopy>(s, fold, alpha);
       free_q(true);
       return;
     }
-    smx.template step<NS, Pol::kFtzExp2>(s, fold, alpha);
+    smx.template step<NS, Pol::kFtzExp2, Pol::kSoftmaxOneCopy>(s, fold, alpha);
   }
 
   /// S of this warp's 16 rows again, by mma.sync (the wgmma is warpgroup-wide; this path

@@ -263,10 +263,9 @@ struct Producer {
   }
 
   /// The item's Q (`next_q`: waits for a free query-tile buffer) and K / V tiles in the
-  /// consumers' order K0, K1, V0, K2, V1, ... (Pol::kVFirst: K0, V0, K1, V1, ...):
-  /// `issue` loads one; the page ids it needs (`page_of`, per lane) are read one tile
-  /// ahead (their latency hides behind the previous tile's waits and copies), and V_j
-  /// reuses K_j's.
+  /// consumers' order K0, K1, V0, K2, V1, ...: `issue` loads one; the page ids it needs
+  /// (`page_of`, per lane) are read one tile ahead (their latency hides behind the
+  /// previous tile's waits and copies), and V_j reuses K_j's.
   template <class NextQ, class PageOf, class Issue>
   __device__ void stream_kv(const QueryTile& t, int n, KPipe& ks, VPipe& vs, NextQ next_q, PageOf page_of,
                             Issue issue) const {
@@ -276,12 +275,11 @@ struct Producer {
     issue(last, false, cur, ks, p.tm_k);
     int next = n > 1 ? page_of(last - 1) : 0;
     for (int j = 1; j < n; ++j) {
-      if constexpr (Pol::kVFirst) issue(last - j + 1, true, cur, vs, p.tm_v);
       issue(last - j, false, next, ks, p.tm_k);
       const int prev = cur;
       cur = next;
       if (j + 1 < n) next = page_of(last - j - 1);
-      if constexpr (!Pol::kVFirst) issue(last - j + 1, true, prev, vs, p.tm_v);
+      issue(last - j + 1, true, prev, vs, p.tm_v);
     }
     issue(t.keys.begin, true, cur, vs, p.tm_v);
   }

@@ -30,14 +30,10 @@
 // what the conversion costs the consumers, wrong results. PAGEDMHA_SM90_SPEC_SOFTMAX=1
 // exponentiates against the current reference while the row maxima are found
 // (consumer.cuh softmax) wherever two consumer warpgroups run, =3 with three too, =0
-// nowhere (the default: fp8 KV at D = 64), =2 recomputes S for every tile instead (its
-// rare path, slow). PAGEDMHA_SM90_V_FIRST=1 has the producer issue V_j before K_{j+1}
-// (producer.cuh stream_kv).
+// nowhere (the default: fp8 KV at D = 64 and 16-bit KV at D = 128), =2 recomputes S for
+// every tile instead (its rare path, slow).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
-#endif
-#ifndef PAGEDMHA_SM90_V_FIRST
-#define PAGEDMHA_SM90_V_FIRST 0
 #endif
 #ifndef PAGEDMHA_SM90_STAGES
 #define PAGEDMHA_SM90_STAGES 0
@@ -181,12 +177,6 @@ struct PrefillPolicy {
   // the H200 (2026-12-02 runs 6 and 7, docs/perf-notes/prefill-sm90.md), so it is off by default and
   // kept as an experiment.
   static constexpr bool kPingPong = PAGEDMHA_SM90_PINGPONG != 0;
-  // The producer's order within an item (producer.cuh stream_kv): K_{j+1} then V_j, the
-  // order the consumers use them, or (experiment) V_j first. With two K stages at D = 128
-  // the producer mostly waits for a free K stage, and V_j waits behind it: ncu found 17%
-  // of the KV steps waiting for V against 0.2% for K (prefill-sm90-schedule.md section
-  // 16).
-  static constexpr bool kVFirst = PAGEDMHA_SM90_V_FIRST != 0;
   // The softmax's ex2 flushes subnormal results (ex2.approx.ftz): one MUFU.EX2 per
   // probability instead of MUFU plus a compare and two multiplies, which roughly halves
   // the softmax's instructions (the wgmma consumers' critical path between their GEMMs;
@@ -202,7 +192,8 @@ struct PrefillPolicy {
   // 16-bit KV at D = 128: +1-3% at 1 x 16k and -1 to +1% at 4 x 4k and 16 x 1k in the
   // 15th and 16th sessions (section 13), +5% at 1 x 16k, +1% at 4 x 4k and +3% at
   // 16 x 1k in s22run1, where ncu put the gap to FlashAttention-3 dense in the
-  // consumers' fixed-latency waits (section 16). Not at D = 256 (-5% at gemma 4 x 4k,
+  // consumers' fixed-latency waits (section 16); with kSoftmaxOneCopy +0.3 to +2% (s23run2,
+  // the chain then FA3's length in ncu: section 17). Not at D = 256 (-5% at gemma 4 x 4k,
   // s22run1). Not with three consumer
   // warpgroups (=3 builds it, 158 of their 160 registers): gpt-oss bf16 2-3% slower
   // (s18run4, section 14).
@@ -210,11 +201,20 @@ struct PrefillPolicy {
       (PAGEDMHA_SM90_SPEC_SOFTMAX < 0 ? (Fp8Kv && D == 64) || (!Fp8Kv && D == 128) : PAGEDMHA_SM90_SPEC_SOFTMAX != 0) &&
       PAGEDMHA_SM90_DIAG == 0 && (kConsumerWarpgroups == 2 || PAGEDMHA_SM90_SPEC_SOFTMAX == 3);
   static constexpr bool kSpecRecomputeAlways = PAGEDMHA_SM90_SPEC_SOFTMAX == 2;  // test of the rare path
+  // The softmax's rare path for references past 2^20 (online_softmax.cuh step) as an
+  // in-place rounding before the one copy of the exponentials, instead of a copy of its
+  // own: the KV-step loop's code shrinks from 19 to 16 KB. At D = 128: +2% at llama3-8b
+  // 16 x 1k and +0.5% at 1 x 16k (four rounds, H200 s23run3-4); at D = 64 -1.7% at
+  // gpt-oss 1 x 16k and -1% at 4 x 4k, more MIO stalls in ncu (s23run2-4); at D = 256
+  // no difference out of the noise (s23run2). Bitwise the same results either way.
+  static constexpr bool kSoftmaxOneCopy = D == 128;
   // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
   // on every shape, s13run1); every r-th S fragment exponentiated by a polynomial on the
   // FMA pipe instead of the MUFU (r = 8 / 4 / 2: up to -6 / -11 / -21%, s14run2); the
   // row sums by wgmma against a block of ones instead of an FADD per probability (-2 to
-  // -7%, and lse off by up to 4e-3 from bf16 P, s14run3). The half key tile of
+  // -7%, and lse off by up to 4e-3 from bf16 P, s14run3); the producer issuing V_j
+  // before K_{j+1}, so that V no longer waits behind a free K stage (ncu: 17% of the KV
+  // steps at D = 128 wait for V): 0 to -1% at llama3-8b (s23run2). The half key tile of
   // consumer.cuh first_step has no knob: +1 to +3% at D = 128 and 64, +2% at gemma 4 x 4k
   // (s13run1; docs/perf-notes/prefill-sm90-schedule.md sections 8 to 11).
 
