@@ -206,7 +206,8 @@ struct PrefillPolicy {
   // own: the KV-step loop's code shrinks from 19 to 16 KB. At D = 128: +2% at llama3-8b
   // 16 x 1k and +0.5% at 1 x 16k (four rounds, H200 s23run3-4); at D = 64 -1.7% at
   // gpt-oss 1 x 16k and -1% at 4 x 4k, more MIO stalls in ncu (s23run2-4); at D = 256
-  // no difference out of the noise (s23run2). Bitwise the same results either way.
+  // no difference out of the noise (s23run2). The same results either way, by
+  // construction (GpuPrefill.OverflowingLogitsNeverNaN runs both forms).
   static constexpr bool kSoftmaxOneCopy = D == 128;
   // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
   // on every shape, s13run1); every r-th S fragment exponentiated by a polynomial on the

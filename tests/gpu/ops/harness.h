@@ -264,8 +264,8 @@ inline void check_queries_past_fp16_range(AttnCase c, bool saturates) {
 /// 1 (logit 64 * 1e37 -> +inf), -1 (-inf) or 0 by s % 3, V = s % 7 (all exact in a bf16
 /// or an fp8 `kv` cache). The GPU must give no NaN and match the CPU path, which
 /// tests/cpu/ops/overflow_logits_test.cpp pins by hand.
-inline void check_overflowing_logits(AttnCase c, int num_splits = 0, DType kv = DType::bf16) {
-  c.Hq = 2, c.Hkv = 1, c.D = 64;
+inline void check_overflowing_logits(AttnCase c, int num_splits = 0, DType kv = DType::bf16, int head_dim = 64) {
+  c.Hq = 2, c.Hkv = 1, c.D = head_dim;
   c.sm_scale = 1e37;
   c.q_dtype = DType::bf16;
   c.kv_dtype = kv;

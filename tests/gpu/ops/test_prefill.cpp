@@ -123,15 +123,18 @@ TEST(GpuPrefill, OverflowingLogitsNeverNaN) {
   c.kv_lens = {1, 70, 300};
   c.q_lens = {1, 70, 200};
   c.seed = 530;
-  // fp8 KV at D = 64 runs the speculative softmax on Hopper: references past 2^20 take
-  // its recompute.
-  for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
-    c.causal = true, c.soft_cap = 0.0;
-    check_overflowing_logits(c, 0, kv);
-    c.causal = false;
-    check_overflowing_logits(c, 0, kv);
-    c.soft_cap = 30.0;
-    check_overflowing_logits(c, 0, kv);
+  // On Hopper references past 2^20 take the speculative softmax's recompute (fp8 KV at
+  // D = 64, 16-bit KV at D = 128) and step()'s rare path in both of its forms (policy.h
+  // kSoftmaxOneCopy: one copy at D = 128, its own copy at D = 64 and 256).
+  for (int d : {64, 128, 256}) {
+    for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+      c.causal = true, c.soft_cap = 0.0;
+      check_overflowing_logits(c, 0, kv, d);
+      c.causal = false;
+      check_overflowing_logits(c, 0, kv, d);
+      c.soft_cap = 30.0;
+      check_overflowing_logits(c, 0, kv, d);
+    }
   }
 }
 
