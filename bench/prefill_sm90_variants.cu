@@ -37,9 +37,9 @@ struct Shape {
 
 /// With PREFILL_VARIANTS_DUMP=<dir>: every 61st output value (fp32) of the shape to
 /// <dir>/<variant>-<model>-<batch>x<seq>-p<page>-<kv>.bin, so that a script can compare a
-/// variant's output with the default build's (same inputs: fixed seeds and page order).
-/// And the lse of every row and head (a separate, untimed launch) to the same name
-/// with .lse.bin.
+/// variant's output with the default build's (same inputs: fixed seeds and page order;
+/// bench/prefill_variants.sh COMPARE=1). And the lse of every row and head to the same
+/// name with .lse.bin. Nothing is timed then (the records say 0 us).
 const char* g_variant = "";
 const char* dump_dir() {
   const char* dir = std::getenv("PREFILL_VARIANTS_DUMP");
@@ -125,7 +125,7 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   }
   const AttentionArgs a = make_attention_args(p);
   auto launch = [&] { sm90::run_prefill<D, __nv_bfloat16, KV>(p, a, sms, stream); };
-  const double us = variants::launches_median_us(stream, launch);
+  const double us = dump_dir() != nullptr ? 0.0 : variants::launches_median_us(stream, launch);
   for (void* x : {static_cast<void*>(q), static_cast<void*>(o), static_cast<void*>(k), static_cast<void*>(v),
                   static_cast<void*>(d_table), static_cast<void*>(d_lens), static_cast<void*>(d_cu), ws,
                   static_cast<void*>(sinks)}) {
@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
                       : s.d == 128 ? (s.fp8 ? run_shape<128, true>(s, sms, stream) : run_shape<128, false>(s, sms, stream))
                                    : (s.fp8 ? run_shape<64, true>(s, sms, stream) : run_shape<64, false>(s, sms, stream));
     const double pairs = double(s.batch) * s.seq * (s.seq + 1) / 2.0;
-    const double tflops = 4.0 * s.hq * s.d * pairs / (us * 1e-6) / 1e12;
+    const double tflops = us > 0 ? 4.0 * s.hq * s.d * pairs / (us * 1e-6) / 1e12 : 0.0;
     std::printf("%-24s %-10s %2dx%-6d p%-3d%s %-4s %10.1f us %8.1f TFLOP/s\n", argv[1], s.model, s.batch, s.seq, s.page,
                 s.linear ? " in order" : "", s.fp8 ? "fp8" : "bf16", us, tflops);
     if (out) {

@@ -16,7 +16,13 @@
 #   compile flags, default none); ROUNDS: run the whole
 #   variant list that many times, interleaved, default 1; FA3_DIR: a checkout of
 #   Dao-AILab/flash-attention, whose dense causal forward (bench/fa3_peer.cu, its own shape
-#   list: FA3_SHAPES, default all) then runs as variant "fa3-dense" in every round)
+#   list: FA3_SHAPES, default all) then runs as variant "fa3-dense" in every round;
+#   COMPARE=1 (prefill): after the rounds each variant runs its shapes once more, untimed,
+#   dumping every 61st output value and every lse (PREFILL_VARIANTS_DUMP), and the script
+#   prints, and adds to the JSON, each variant's largest difference from the first variant
+#   named (by convention the default build): a knob that breaks the results shows at
+#   once, before any GPU test runs with it. Summation orders differ between tile shapes,
+#   so expect bf16 rounding (~1e-2 relative) there, not 0)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 inc=${CUTLASS_INCLUDE:-}
@@ -95,15 +101,52 @@ for _ in $(seq "${ROUNDS:-1}"); do
     fi
   done
 done
+compare=$dir/compare.json
+rm -f "$compare"
+if [ -n "${COMPARE:-}" ] && [ "$kernel" = prefill ] && [ ${#names[@]} -gt 0 ]; then
+  rm -rf "$dir/dump" && mkdir -p "$dir/dump"
+  for name in "${names[@]}"; do
+    [ "$name" = fa3-dense ] || [ ! -x "$dir/$name" ] && continue
+    # shellcheck disable=SC2086
+    PREFILL_VARIANTS_DUMP=$dir/dump timeout "${RUN_TIMEOUT:-120}" "$dir/$name" "$name" "$dir/dump/records.jsonl" ${SHAPES:-} \
+      >/dev/null || echo "$name: dump run failed or timed out"
+  done
+  ref=${variants[0]:-default:}
+  python3 - "$dir/dump" "${ref%%:*}" "$compare" <<'PY'
+import glob, json, os, sys
+import numpy as np
+d, ref, out = sys.argv[1:4]
+rows = []
+for f in sorted(glob.glob(os.path.join(d, ref + "-*.bin"))):
+    shape = os.path.basename(f)[len(ref) + 1:]
+    a = np.fromfile(f, np.float32)
+    for g in sorted(glob.glob(os.path.join(d, "*-" + shape))):
+        name = os.path.basename(g)[: -len(shape) - 1]
+        if name == ref:
+            continue
+        b = np.fromfile(g, np.float32)
+        ok = a.size == b.size
+        diff = float(np.abs(a - b).max()) if ok and a.size else float("nan")
+        scale = float(np.abs(a).max()) if a.size else 0.0
+        rows.append({"variant": name, "reference": ref, "file": shape, "values": int(a.size),
+                     "max_abs_diff": diff if diff == diff else None, "max_abs_ref": scale,
+                     "nonfinite": int((~np.isfinite(b)).sum())})
+        print(f"compare {name:>12} vs {ref}: {shape:<36} max|diff| {diff:.3g} (max|{ref}| {scale:.3g}), "
+              f"non-finite {rows[-1]['nonfinite']}")
+json.dump(rows, open(out, "w"), indent=1)
+PY
+fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 | tr 'A-Z ' 'a-z-' | sed 's/nvidia-//')
 out=bench/results/${gpu:-gpu}-$kernel-variants-$(date +%Y%m%d).json
-python3 - "$jsonl" "$out" "${KERNEL:+KERNEL=$KERNEL }${BASE:+BASE=$BASE }${ROUNDS:+ROUNDS=$ROUNDS }${SHAPES:+SHAPES=$SHAPES }bash bench/prefill_variants.sh $*" <<'PY'
+python3 - "$jsonl" "$out" "${KERNEL:+KERNEL=$KERNEL }${BASE:+BASE=$BASE }${ROUNDS:+ROUNDS=$ROUNDS }${SHAPES:+SHAPES=$SHAPES }${COMPARE:+COMPARE=$COMPARE }bash bench/prefill_variants.sh $*" "$compare" <<'PY'
 import json, os, subprocess, sys, datetime
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 commit = os.environ.get("PAGEDMHA_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
 gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
-json.dump({"gpu": gpu, "commit": commit, "command": sys.argv[3], "date": datetime.date.today().isoformat(),
-           "records": recs}, open(sys.argv[2], "w"), indent=1)
+doc = {"gpu": gpu, "commit": commit, "command": sys.argv[3], "date": datetime.date.today().isoformat(), "records": recs}
+if os.path.exists(sys.argv[4]):
+    doc["compare"] = json.load(open(sys.argv[4]))
+json.dump(doc, open(sys.argv[2], "w"), indent=1)
 print("wrote", sys.argv[2])
 PY
 [ -n "${OUT:-}" ] && cp "$out" "$OUT/" 2>/dev/null

@@ -111,6 +111,10 @@ def _num(v, digits: int) -> str:
     return f"{v:.{digits}f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
 
 
+def _sig(v) -> str:
+    return f"{v:.3g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
 def _ratio(v: Optional[float]) -> str:
     return f"{v:.2f}x" if v else "-"
 
@@ -421,6 +425,13 @@ def variants_section(name: str, doc: dict) -> List[str]:
         rows.append([label, *[_num((by.get((v, m, b, c, pg, kv, w, order)) or {}).get(metric), digits)
                               for v in variants]])
     parts.append(table(["shape", *[str(v) for v in variants]], rows) if rows else "No records.\n")
+    cmp = [c for c in doc.get("compare") or [] if isinstance(c, dict)]
+    if cmp:  # COMPARE=1: each variant's outputs against the first variant's
+        parts.append(f"Outputs against `{cmp[0].get('reference')}` (COMPARE=1: every 61st output value, "
+                     "and every lse, of the same inputs; bf16 rounding differs between tile shapes):\n")
+        parts.append(table(["variant", "dump", "max abs diff", "max abs reference", "non-finite"],
+                           [[str(c.get("variant")), str(c.get("file")), _sig(c.get("max_abs_diff")),
+                             _sig(c.get("max_abs_ref")), str(c.get("nonfinite", "-"))] for c in cmp]))
     return parts
 
 

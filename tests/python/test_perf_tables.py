@@ -576,6 +576,25 @@ def test_variants_keep_page_orders_apart(tmp_path):
     assert "| llama3-8b 1 x 16k dense | - | 660 |" in text
 
 
+def test_variants_render_the_output_comparison(tmp_path):
+    recs = [{"op": "prefill", "impl": "pagedmha-variant", "variant": v, "model": "gemma", "batch": 4, "ctx": 4096,
+             "q_len": 4096, "page_size": 16, "kv_dtype": "bf16", "time_us": 1.0, "tflops": t}
+            for v, t in [("default", 588.0), ("bn80", 610.0)]]
+    cmp = [{"variant": "bn80", "reference": "default", "file": "gemma-4x4096-p16-bf16.bin", "values": 10,
+            "max_abs_diff": 0.00390625, "max_abs_ref": 2.5, "nonfinite": 0},
+           {"variant": "broken", "reference": "default", "file": "gemma-4x4096-p16-bf16.lse.bin", "values": 10,
+            "max_abs_diff": None, "max_abs_ref": 11.0, "nonfinite": 3}]
+    doc = {"gpu": "NVIDIA H200", "commit": "abc123", "command": "COMPARE=1 bash bench/prefill_variants.sh",
+           "date": "2026-12-05", "records": recs, "compare": cmp}
+    (tmp_path / "h200-prefill-variants-20261205.json").write_text(json.dumps(doc))
+    out = tmp_path / "performance.md"
+    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "Outputs against `default`" in text
+    assert "| bn80 | gemma-4x4096-p16-bf16.bin | 0.00391 | 2.5 | 0 |" in text
+    assert "| broken | gemma-4x4096-p16-bf16.lse.bin | - | 11 | 3 |" in text  # NaN: no number invented
+
+
 def test_prefill_plan_covers_the_issue_rows():
     plan = BA.prefill_plan()
     names = [c.name for c in plan]
