@@ -1,5 +1,5 @@
 // Internal helpers shared by the MhaBackend translation units (mha_backend.cpp,
-// graph_state.cpp, registry.cpp, field_checks.cpp): argument errors, checks of the batch
+// forward.cpp, graph_state.cpp, registry.cpp, field_checks.cpp): argument errors, checks of the batch
 // and layer fields, and the int32 metadata buffers the backend owns.
 #pragma once
 
