@@ -1,6 +1,6 @@
 // Internal helpers shared by the MhaBackend translation units (mha_backend.cpp,
-// forward.cpp, graph_state.cpp, registry.cpp, field_checks.cpp): argument errors, checks of the batch
-// and layer fields, and the int32 metadata buffers the backend owns.
+// forward.cpp, graph_state.cpp, registry.cpp, field_checks.cpp): argument errors, checks
+// of the batch and layer fields, and the int32 metadata buffers the backend owns.
 #pragma once
 
 #include <algorithm>
