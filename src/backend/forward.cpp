@@ -111,6 +111,14 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
                               : out;
   const Stream s = config_.stream;
   const bool fp8 = config_.kv_cache_dtype == DType::fp8_e4m3;
+  // The scales follow the configured cache dtype: a cache of another dtype would be read
+  // with the wrong ones (an fp8 config over a 16-bit cache scales its output by v_scale).
+  for (const auto& [c, name] : {std::pair{&kv.k_cache, "k_cache"}, std::pair{&kv.v_cache, "v_cache"}}) {
+    if (c->defined() && c->dtype != config_.kv_cache_dtype) {
+      fail(name, std::string(dtype_name(config_.kv_cache_dtype)) + " (config.kv_cache_dtype)",
+           std::string(dtype_name(c->dtype)) + " " + c->shape_str());
+    }
+  }
   const float k_scale = fp8 ? layer.k_scale : 1.0f;
   const float v_scale = fp8 ? layer.v_scale : 1.0f;
   // The layer's attention fields, named as the engine set them (the ops would name their

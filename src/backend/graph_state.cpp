@@ -121,6 +121,7 @@ void MhaBackend::init_forward_metadata_capture_cuda_graph(int bs, ForwardMode mo
   decode_slot_ = graph_.decode.count(bs) ? &graph_.decode.at(bs) : nullptr;
   prefill_slot_ = graph_.prefill.count(bs) ? &graph_.prefill.at(bs) : nullptr;
 } catch (const Error& e) {
+  prefill_slot_ = decode_slot_ = nullptr;  // a rejected step leaves no metadata
   rethrow_in_call(e, "MhaBackend.init_forward_metadata_capture_cuda_graph");
 }
 
@@ -158,7 +159,8 @@ void MhaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& b) 
     if (block_draft()) {
       gather_block_rows(fb, mat(graph_.page_table, int64_t{bs} * N, cols));
     } else {
-      gather(fb, seq, mat(graph_.page_table, bs, cols));
+      // Whole rows for a drafter, as in init_forward_metadata.
+      gather(fb, config_.is_draft ? vec(full_len_buf_, 0, bs) : seq, mat(graph_.page_table, bs, cols));
     }
   } else {
     const std::vector<CacheGroupTable> live = shed_state_groups(b.group_tables);
@@ -213,6 +215,7 @@ void MhaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& b) 
   decode_slot_ = dmd;
   prefill_slot_ = pmd;
 } catch (const Error& e) {
+  prefill_slot_ = decode_slot_ = nullptr;  // a rejected step leaves no metadata
   rethrow_in_call(e, "MhaBackend.init_forward_metadata_replay_cuda_graph");
 }
 

@@ -318,7 +318,9 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
   const TensorView table = mat(page_table_buf_, bs, max_num_pages_);
   bool gathered = false;
   auto single_table = [&]() {
-    if (!gathered) gather(b, seq, table);
+    // A drafter's seq_lens grow in place between its steps (the decode slot aliases
+    // them), past the pages they cover now: its rows are gathered whole.
+    if (!gathered) gather(b, config_.is_draft ? vec(full_len_buf_, 0, bs) : seq, table);
     gathered = true;
     return table;
   };
@@ -484,6 +486,9 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
     prefill_slot_ = &eager_prefill_;
   }
 } catch (const Error& e) {
+  // A rejected step leaves no metadata (a slot set before the failing check would serve
+  // the next forward call half-built, over arrays the caller may have released).
+  prefill_slot_ = decode_slot_ = nullptr;
   rethrow_in_call(e, "MhaBackend.init_forward_metadata");
 }
 

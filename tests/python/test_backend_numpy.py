@@ -146,3 +146,85 @@ def test_backend_register_layers_validates_geometry():
     with pytest.raises(pm.Error, match=r"num_q_heads: expected a positive multiple of num_kv_heads 2, got 3"):
         pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, num_q_heads=3,
                           num_kv_heads=2, head_dim=D)
+
+
+def _draft_backend(**kw):
+    return pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, kv_cache_dtype="fp16",
+                             out_dtype="fp16", max_bs=MAX_BS, num_q_heads=HQ, num_kv_heads=HKV,
+                             head_dim=D, spec_num_tokens=3, is_draft=True, **kw)
+
+
+def test_drafter_seq_lens_grow_in_place_past_a_page(rng):
+    """The decode slot aliases seq_lens and a drafter advances them in place between its
+    steps (docs/semantics.md section 3): a step whose new token opens a page must read that
+    page, not the dummy page 0 past the lengths the metadata was built with."""
+    req_to_page, k_cache, v_cache = _engine(rng)
+    backend = _draft_backend()
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D)
+    rpi = np.array([3], np.int32)
+    ext = np.array([P], np.int32)  # the prompt fills exactly one page
+    seq_lens = ext.copy()
+    loc = _slots(req_to_page, np.repeat(rpi, P), np.arange(P))
+    q, k, v = (fp16(rng.standard_normal((P, h * D))) for h in (HQ, HKV, HKV))
+    batch = pm.ForwardBatch(forward_mode=pm.ForwardMode.draft_extend, batch_size=1, req_pool_indices=rpi,
+                            seq_lens=seq_lens, req_to_page=req_to_page, out_cache_loc=loc,
+                            seq_lens_cpu=seq_lens, extend_seq_lens_cpu=ext)
+    backend.init_forward_metadata(batch)
+    backend.forward_extend(q, k, v, layer, k_cache, v_cache, loc, 1, np.zeros((P, HQ * D), np.float16))
+    table = req_to_page[rpi]
+    for step in range(2):  # positions P and P + 1: the second page
+        seq_lens += 1  # in place: no init_forward_metadata between draft steps
+        loc = _slots(req_to_page, rpi, seq_lens - 1)
+        q, k, v = (fp16(rng.standard_normal((1, h * D))) for h in (HQ, HKV, HKV))
+        v *= 8  # the new token's V dominates a read that misses it
+        out = np.full((1, HQ * D), np.nan, np.float16)
+        backend.forward_decode(q, k, v, layer, k_cache, v_cache, loc, 1, out)
+        ref, _ = ref_attention(q.reshape(1, HQ, D), k_cache, v_cache, table, seq_lens, [(0, 1)], P,
+                               bmm1_scale=D ** -0.5)
+        assert_close_ulp(out.reshape(1, HQ, D), ref, "fp16")
+
+
+def test_rejected_init_leaves_no_metadata(rng):
+    """init_forward_metadata that fails after building part of the step (here the draft's
+    decode write slots, past its one-column group table) leaves no metadata: the next
+    forward call is an error and writes nothing, instead of running on the half-built step."""
+    _, k_cache, v_cache = _engine(rng)
+    backend = _draft_backend()
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D)
+    ext = np.array([P, 0], np.int32)
+    seq_lens = np.array([P, 2 * P], np.int32)  # request 1's next token needs a second column
+    batch = pm.ForwardBatch(forward_mode=pm.ForwardMode.draft_extend, batch_size=2,
+                            req_pool_indices=np.array([1, 2], np.int32), seq_lens=seq_lens,
+                            seq_lens_cpu=seq_lens, extend_seq_lens_cpu=ext,
+                            group_tables={"full_attention": np.array([[5], [6]], np.int32)})
+    with pytest.raises(pm.Error, match=r"^MhaBackend.init_forward_metadata: "):
+        backend.init_forward_metadata(batch)
+    q, k = fp16(rng.standard_normal((P, HQ * D))), fp16(rng.standard_normal((P, HKV * D)))
+    before = k_cache.tobytes(), v_cache.tobytes()
+    with pytest.raises(pm.Error, match=r"^MhaBackend.forward_extend: metadata: expected init_forward_metadata"):
+        backend.forward_extend(q, k, k, layer, k_cache, v_cache, None, 2, np.zeros((P, HQ * D), np.float16))
+    assert (k_cache.tobytes(), v_cache.tobytes()) == before
+
+
+@pytest.mark.parametrize("config_dtype", ["fp8_e4m3", "bf16"])
+def test_cache_dtype_must_be_the_configured_one(rng, config_dtype):
+    """k_scale / v_scale follow config.kv_cache_dtype: an fp16 cache under an fp8 config
+    came out scaled by v_scale, with no error. Any other dtype than the configured one is
+    rejected, naming both, before anything is written."""
+    req_to_page, k_cache, v_cache = _engine(rng)
+    backend = pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, kv_cache_dtype=config_dtype,
+                                out_dtype="fp16", max_bs=MAX_BS, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D)
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, k_scale=1.0, v_scale=2.0)
+    rpi, seq_lens = np.array([1], np.int32), np.array([3], np.int32)
+    loc = _slots(req_to_page, rpi, seq_lens - 1)
+    batch = pm.ForwardBatch(forward_mode=pm.ForwardMode.decode, batch_size=1, req_pool_indices=rpi,
+                            seq_lens=seq_lens, req_to_page=req_to_page, out_cache_loc=loc)
+    backend.init_forward_metadata(batch)
+    q, k = fp16(rng.standard_normal((1, HQ * D))), fp16(rng.standard_normal((1, HKV * D)))
+    out = np.zeros((1, HQ * D), np.float16)
+    before = k_cache.tobytes(), out.tobytes()
+    want = config_dtype if config_dtype == "bf16" else "fp8_e4m3"
+    with pytest.raises(pm.Error, match=rf"^MhaBackend.forward_decode: k_cache: expected {want} "
+                                       r"\(config.kv_cache_dtype\), got fp16 "):
+        backend.forward_decode(q, k, k, layer, k_cache, v_cache, loc, 1, out)
+    assert (k_cache.tobytes(), out.tobytes()) == before

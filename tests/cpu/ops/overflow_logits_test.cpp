@@ -90,4 +90,27 @@ TEST(OverflowLogits, SoftCapOfOverflowedLogitIsTheCap) {
   EXPECT_NEAR(t.lse[0], 30.0 + std::log(4.0), 1e-5);
 }
 
+TEST(OverflowLogits, SoftCapOfLogitOverflowingToMinusInfIsMinusTheCap) {
+  // Section 8.1: with a soft-cap c a logit that overflows to -inf is capped like any
+  // other, to -c (key 1), not masked. c = 2: keys 0, 2, 3, 5 at 2, key 1 at -2, key 4 at 0.
+  Overflow t(1.0f);
+  AttentionParams p;
+  p.bmm1_scale = 1e37f;
+  p.logits_soft_cap = 2.0f;
+  const double w = std::exp(2.0), w1 = std::exp(-2.0);
+  const double z = 4 * w + w1 + 1.0;                // a masked key 1 would give 4 w + 1
+  const double out = (10 * w + 1 * w1 + 4) / z;     // V of key j is j
+  for (auto* op : {"decode", "prefill"}) {
+    t.o.assign(Overflow::D, float_to_bf16(-9.0f));
+    t.lse[0] = -9.0f;
+    if (op[0] == 'd') {
+      batch_decode(t.Q(), t.K(), t.V(), t.T(), t.S(), Overflow::P, 1, t.O(), p, t.LSE());
+    } else {
+      batch_prefill(t.Q(), t.K(), t.V(), t.T(), t.S(), t.CU(), Overflow::P, 1, t.O(), p, t.LSE());
+    }
+    EXPECT_NEAR(t.lse[0], std::log(z), 1e-5) << op;
+    for (int d = 0; d < Overflow::D; ++d) ASSERT_EQ(bf16_to_float(t.o[d]), bf16_to_float(float_to_bf16(out))) << op;
+  }
+}
+
 }  // namespace
