@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -102,13 +103,16 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
       ->check(CLI::Range(int64_t{1}, kMaxReplayRequests));
   c->add_option("--model", o.model, "Attention geometry: llama3-8b | llama3-70b | qwen2.5-7b | gpt-oss-20b | custom "
                                     "(default llama3-8b; on the CPU with 2 layers)");
-  c->add_option("--layers", o.overrides.layers, "Override / custom: layers");
-  c->add_option("--q-heads", o.overrides.q_heads, "Override / custom: query heads Hq");
-  c->add_option("--kv-heads", o.overrides.kv_heads, "Override / custom: KV heads Hkv");
+  c->add_option("--layers", o.overrides.layers, "Override / custom: layers")->check(int_range(1, 4096, "layers"));
+  c->add_option("--q-heads", o.overrides.q_heads, "Override / custom: query heads Hq")
+      ->check(int_range(1, 4096, "heads"));
+  c->add_option("--kv-heads", o.overrides.kv_heads, "Override / custom: KV heads Hkv")
+      ->check(int_range(1, 4096, "heads"));
   c->add_option("--head-dim", o.overrides.head_dim, "Override / custom: head dim D (64, 128, 256)");
   c->add_option("--window", o.overrides.window, "Override / custom: window_left on every layer [tokens before the "
                                                 "query]; -1 disables (HF sliding_window S = window_left + 1)");
-  c->add_option("--sinks", o.overrides.sinks, "Override / custom: 1 = one sink logit per query head, 0 = none");
+  c->add_option("--sinks", o.overrides.sinks, "Override / custom: 1 = one sink logit per query head, 0 = none")
+      ->check(int_range(0, 1, "(1: a sink per query head, 0: none)"));
   c->add_option("--tp", o.overrides.tp, "Tensor-parallel ranks: with --gpus N (then --tp N), N ranks serve Hq / N "
                                         "query heads and Hkv / N KV heads (or the 1 they need) each; alone, one rank's "
                                         "heads on one device");
@@ -166,6 +170,7 @@ void add_replay(CLI::App& app, ReplayOptions& o) {
                  "GPU: the H200's measured bf16 GEMM 760; CPU: none) [TFLOP/s]");
   c->add_option("--json-steps", o.json_steps, "Per-step records kept in --json (evenly strided; the summary "
                  "covers every step) [records]")
+      ->check(int_range(1, std::numeric_limits<int>::max(), "records"))
       ->capture_default_str();
   c->add_option("--json", o.json, "Write the full report (summary and per-step records) to this file")
       ->check(non_empty("a report file name"));

@@ -1,5 +1,7 @@
 // Device names and the ceilings of PERFORMANCE.md, in their own file because they need
 // the CUDA runtime in CUDA builds.
+#include <unistd.h>
+
 #include <string>
 
 #include "pagedmha/error.h"
@@ -28,6 +30,19 @@ DeviceCeilings device_ceilings_of(Device device) {
   // Measured on the H200 (PERFORMANCE.md): pure read stream 4.6 TB/s, bf16 GEMM ~760 TFLOP/s.
   if (c.gpu.find("H200") != std::string::npos) c.read_tbps = 4.6, c.copy_tbps = 4.25, c.bf16_tflops = 760.0;
   return c;
+}
+
+double memory_bytes(Device device) {
+  if (device.is_cpu()) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? double(pages) * double(page) : 0.0;
+  }
+#if defined(PAGEDMHA_WITH_CUDA)
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device.index) == cudaSuccess) return double(prop.totalGlobalMem);
+  cudaGetLastError();
+#endif
+  return 0.0;
 }
 
 int cuda_device_count() {

@@ -19,6 +19,10 @@ std::string device_name(Device device);
 /// Ceilings of PERFORMANCE.md for a known GPU (H200), zeros otherwise.
 DeviceCeilings device_ceilings_of(Device device);
 
+/// Bytes of memory of `device`: the host's physical memory for the CPU, the GPU's global
+/// memory for CUDA; 0 where unknown.
+double memory_bytes(Device device);
+
 /// Visible CUDA devices (0 in builds without CUDA or without a driver).
 int cuda_device_count();
 /// Makes `device` the calling thread's current CUDA device (no-op for the CPU); the

@@ -196,6 +196,18 @@ TEST(ReplayCli, NegativeHugeAndNonFiniteValuesNameTheirArgument) {
   }
 }
 
+// A KV pool larger than the device's memory is a usage error naming the flag that sized
+// it, before any allocation: accepted sizes (--page-size 4096 with the default --pages)
+// had the process killed for memory while it filled the pool.
+TEST(ReplayCli, KvPoolBeyondTheDevicesMemoryNamesTheFlag) {
+  pt::ReplayOptions o = tiny();
+  o.page_size = 4096;
+  o.pages = 2'000'000'000;  // 2e9 pages of 4096 tokens: petabytes
+  const std::string m = message(o);
+  EXPECT_NE(m.find("replay: --pages: expected a KV pool within cpu's "), std::string::npos) << m;
+  EXPECT_NE(m.find("2000000000 pages of 4096 tokens"), std::string::npos) << m;
+}
+
 // An unwritable --json fails before the replay runs (not after a long GPU run).
 TEST(ReplayCli, UnwritableJsonFailsUpFront) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -483,6 +495,10 @@ TEST(ReplayCli, SilentlyAcceptedValuesAreRejectedNamingTheFlag) {
       {{"--trace", ""}, "replay: --trace: expected a trace file name, got ''"},
       {{"--format", "azure"}, "replay: --format: expected a --trace file to read with it, got --format azure without --trace"},
       {{"--format", "auto"}, "replay: --format: expected a --trace file to read with it"},
+      {{"--sinks", "5"}, "replay: --sinks: expected 0..1 (1: a sink per query head, 0: none), got 5"},
+      {{"--json-steps", "-5"}, "replay: --json-steps: expected 1..2147483647 records, got -5"},
+      {{"--layers", "2147483647"}, "replay: --layers: expected 1..4096 layers, got 2147483647"},
+      {{"--kv-heads", "0"}, "replay: --kv-heads: expected 1..4096 heads, got 0"},
   };
   for (const auto& [extra, want] : cases) {
     std::vector<std::string> args = base;
@@ -533,29 +549,28 @@ TEST(ReplayCli, MaxIntTokenBudgetAndMaxRunningMeanNoLimit) {
                                   "2147483647"});
   EXPECT_EQ(rc, 0) << err;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
-  // Buffers that cannot be allocated (256 TB of K/V: beyond any address space) name the
-  // sizing flags, not only a byte count.
+  // A pool that cannot be allocated (256 TB of K/V: beyond any address space) names the
+  // flag that sized it, not only a byte count.
   pt::ReplayOptions o = tiny();
   o.pages = 1 << 21, o.page_size = 4096;
   o.overrides.head_dim = 256, o.overrides.kv_heads = 64, o.overrides.q_heads = 64;
   const std::string m = message(o);
-  EXPECT_NE(m.find("replay: --pages / --token-budget / --max-running: expected buffers that fit on cpu for 2097152 "
-                   "pages"),
-            std::string::npos)
-      << m;
+  EXPECT_NE(m.find("replay: --pages: expected a KV pool within cpu's "), std::string::npos) << m;
+  EXPECT_NE(m.find("2097152 pages of 4096 tokens"), std::string::npos) << m;
 }
 
-// The repro: 2^24 pages x 4096 x 2^21 KV heads x 64 x 2 bytes is 2^64, which
-// wrapped to a 0-byte pool and then a wild write in append_kv. Now the pool's size is a
-// checked product and the error names the sizing flags before anything is allocated.
+// The repro was 2^24 pages x 4096 x 2^21 KV heads x 64 x 2 bytes = 2^64, which
+// wrapped to a 0-byte pool and then a wild write in append_kv (the pool's size is a
+// checked product since). Heads are now at most 4096, but 4096 layers of 4096 KV heads of
+// D 256 still pass 2^64 (2^70 bytes): the error names the sizing flag, in one line,
+// before anything is allocated (the pool against the host's memory, computed in double).
 TEST(ReplayCli, PoolSizeBeyond64BitsNamesTheFlags) {
-  const auto [rc, err] = cli_err({"replay", "--device", "cpu", "--requests", "1", "--model", "custom", "--layers", "1",
-                                  "--q-heads", "2097152", "--kv-heads", "2097152", "--head-dim", "64", "--page-size",
+  const auto [rc, err] = cli_err({"replay", "--device", "cpu", "--requests", "1", "--model", "custom", "--layers",
+                                  "4096", "--q-heads", "4096", "--kv-heads", "4096", "--head-dim", "256", "--page-size",
                                   "4096", "--pages", "16777216", "--token-budget", "1", "--max-running", "1",
                                   "--check-every", "0", "--no-progress", "--quiet"});
   EXPECT_EQ(rc, 1) << err;
-  EXPECT_NE(err.find("replay: --pages / --token-budget / --max-running"), std::string::npos) << err;
-  EXPECT_NE(err.find("at most 2^63 - 1 bytes"), std::string::npos) << err;
+  EXPECT_NE(err.find("replay: --pages: expected a KV pool within cpu's "), std::string::npos) << err;
   EXPECT_EQ(lines(err), 1) << err;
 }
 
