@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -76,6 +77,21 @@ CLI::Validator int_range(int lo, int hi, const std::string& unit) {
 CLI::Validator non_empty(const std::string& what) {
   return CLI::Validator(
       [what](std::string& s) -> std::string { return s.empty() ? "expected " + what + ", got ''" : std::string(); },
+      "");
+}
+
+// An image file for plot: matplotlib picks the format by the extension and appends
+// ".png" to a name without one (the report said it wrote the name given).
+CLI::Validator image_file() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const std::string want = "expected an image file name ending in .png, .svg or .pdf, got ";
+        const auto dot = s.rfind('.'), slash = s.rfind('/');
+        const std::string ext = dot == std::string::npos || (slash != std::string::npos && dot < slash) ? "" : s.substr(dot);
+        if (ext != ".png" && ext != ".svg" && ext != ".pdf") return want + (s.empty() ? "''" : escape_bytes(s));
+        if (std::filesystem::is_directory(s)) return "expected a file, got the directory " + escape_bytes(s);
+        return {};
+      },
       "");
 }
 
@@ -211,7 +227,7 @@ int run_cli(int argc, char** argv) {
   CLI::App* plot = app.add_subcommand("plot", "Plot a replay report (step latency vs batch tokens, KV pages in use "
                                               "over time) with scripts/plot_replay.py (Python + matplotlib)");
   plot->add_option("report", plot_in, "Report written by replay --json")->required();
-  plot->add_option("-o,--output", plot_out, "Image file (PNG)");
+  plot->add_option("-o,--output", plot_out, "Image file (.png, .svg or .pdf)")->check(image_file());
   plot->add_option("--script", plot_script, "Path of plot_replay.py (default: the source tree's scripts/)");
 
   BenchOptions bench;
@@ -222,6 +238,7 @@ int run_cli(int argc, char** argv) {
   CLI::App* k = app.add_subcommand("check", "Self-test: every op on the chosen device against a straightforward "
                                             "reference on random inputs; non-zero exit on a mismatch");
   add_check_options(*k, check);
+  k->get_option("--seed")->check(uint64_decimal());  // CLI11 alone wraps "-1", saturates "1e23"
 
   // Usage errors in the project's form "pagedmha: error: <subcommand>: <flag>: ...",
   // bounded and escaped (they may quote any argument).

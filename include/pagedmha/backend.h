@@ -273,6 +273,7 @@ class MhaBackend {
   struct GroupBuffers {  // persistent per-group buffers
     Buffer table;        // [rows, max_pages] (graph only)
     Buffer decode_slots, verify_slots, extend_slots;
+    std::vector<Buffer> retired;  // outgrown extend_slots: views handed out stay readable
     int64_t extend_capacity = 0;
     int64_t written_cols = 0;  // graph: widest live table copied so far
   };
@@ -326,6 +327,7 @@ class MhaBackend {
   AttentionMetadata eager_prefill_, eager_decode_;
   const AttentionMetadata* prefill_slot_ = nullptr;
   const AttentionMetadata* decode_slot_ = nullptr;
+  int step_bs_ = -1;  // the current step's batch_size (requests); 0 idle; -1 no step metadata
   bool has_graph_ = false;
   GraphState graph_;
   // CUDA: mixed steps run their decode rows here, beside the prefill rows' kernel.

@@ -61,8 +61,10 @@ struct PyLayerSpec {
   }
 };
 
-/// A view of backend memory handed to Python (DLPack-capable, keeps `owner` alive); None
-/// when the backend returned the caller's own array `same` (the Python layer hands that back).
+/// A view of backend memory handed to Python (keeps `owner` alive): a NumPy array for CPU
+/// memory, a DLPack capsule for CUDA memory (the Python layer makes it a torch tensor);
+/// None when the backend returned the caller's own array `same` (the Python layer hands
+/// that back).
 nb::object export_view(const TensorView& t, const ArrayArg& same, nb::handle owner) {
   if (!t.defined() || (same.array.is_valid() && t.data == same.array.data())) return nb::none();
   static_assert(sizeof(size_t) == sizeof(int64_t));
@@ -76,8 +78,12 @@ nb::object export_view(const TensorView& t, const ArrayArg& same, nb::handle own
     case DType::fp32: dt = nb::dtype<float>(); break;
     default: dt = nb::dtype<uint8_t>(); dt.bits = static_cast<uint8_t>(8 * dtype_size(t.dtype));
   }
-  nb::ndarray<> a(t.data, static_cast<size_t>(t.ndim), shape, owner, t.strides, dt,
-                  t.device.is_cuda() ? nb::device::cuda::value : nb::device::cpu::value,
+  if (t.device.is_cpu()) {
+    nb::ndarray<nb::numpy> a(t.data, static_cast<size_t>(t.ndim), shape, owner, t.strides, dt,
+                             nb::device::cpu::value, 0);
+    return nb::cast(a, nb::rv_policy::reference);
+  }
+  nb::ndarray<> a(t.data, static_cast<size_t>(t.ndim), shape, owner, t.strides, dt, nb::device::cuda::value,
                   t.device.index);
   return nb::cast(a, nb::rv_policy::reference);
 }
@@ -382,8 +388,11 @@ void bind_backend(nb::module_& m) {
           },
           arg("layer"), arg("forward_mode"), arg("out_cache_loc").none(),
           "Write slots for a KV prewrite of `layer` in this step: the layer's cache-group slots\n"
-          "(an int32 DLPack array of backend memory, valid until the next step) when groups are\n"
-          "active, else out_cache_loc itself (the raw extension returns None for that case).")
+          "(int32 backend memory: a NumPy array on the CPU; on CUDA a DLPack capsule, a torch tensor\n"
+          "when out_cache_loc is one; rewritten by the next step's metadata, so copy it to keep it)\n"
+          "when groups are active, else\n"
+          "out_cache_loc itself (the raw extension returns None for that case). Errors: a\n"
+          "forward_mode other than the step's metadata's, or a grouped layer before any metadata.")
       .def("init_cuda_graph_state", &PyBackend::init_cuda_graph_state, arg("max_bs"),
            arg("seq_lens_buf"), arg("cache_group_ids") = std::vector<std::string>{}, nb::kw_only(),
            arg("stream").none() = nb::none(),

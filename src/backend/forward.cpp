@@ -31,13 +31,34 @@ TensorView MhaBackend::select_loc(const LayerSpec& layer, const AttentionMetadat
   }
   if (config_.is_draft && out_cache_loc.defined()) return out_cache_loc;  // draft chains own their slots
   const GroupMetadata& g = layer_group(layer, *md);
+  if (config_.is_draft && md == decode_slot_ && g.out_cache_loc.defined()) {
+    // A drafter's seq_lens advance in place between its steps (the decode slot aliases
+    // them): its group slots (pos = seq_len - 1) are computed from them now, not kept
+    // from init_forward_metadata, which would write every step's K/V to the first one's.
+    with_user_args("decode_write_slots",
+                   {{"page_table", "batch.group_tables['" + g.group_id + "']"}, {"seq_lens", "batch.seq_lens"}},
+                   [&] { decode_write_slots(g.page_table, md->cache_seqlens, config_.page_size, 1, g.out_cache_loc,
+                                            config_.stream); });
+  }
   return g.out_cache_loc.defined() ? g.out_cache_loc : out_cache_loc;
 }
 
 TensorView MhaBackend::select_out_cache_loc(const LayerSpec& layer, ForwardMode mode,
                                             const TensorView& out_cache_loc) const try {
   const CallScope call("MhaBackend.select_out_cache_loc");
-  return select_loc(layer, select_slot(mode), out_cache_loc);
+  const AttentionMetadata* md = select_slot(mode);
+  if (md == nullptr && step_bs_ != 0) {  // an idle step writes nothing: the caller's slots
+    if (prefill_slot_ != nullptr || decode_slot_ != nullptr) {
+      fail("forward_mode", std::string("the mode of this step's metadata (") +
+                               (prefill_slot_ != nullptr ? "extend, mixed or verify" : "decode") + ")",
+           forward_mode_name(mode));
+    }
+    if (!layer.group_id.empty()) {
+      fail("metadata", "init_forward_metadata for this step first (layer.group_id '" + layer.group_id +
+                           "' writes through its group's slots)", "no metadata");
+    }
+  }
+  return select_loc(layer, md, out_cache_loc);
 } catch (const Error& e) {
   rethrow_in_call(e, "MhaBackend.select_out_cache_loc");
 }

@@ -120,8 +120,10 @@ void MhaBackend::init_forward_metadata_capture_cuda_graph(int bs, ForwardMode mo
   graph_.captured_groups[bs] = ids;
   decode_slot_ = graph_.decode.count(bs) ? &graph_.decode.at(bs) : nullptr;
   prefill_slot_ = graph_.prefill.count(bs) ? &graph_.prefill.at(bs) : nullptr;
+  step_bs_ = bs;
 } catch (const Error& e) {
   prefill_slot_ = decode_slot_ = nullptr;  // a rejected step leaves no metadata
+  step_bs_ = -1;
   rethrow_in_call(e, "MhaBackend.init_forward_metadata_capture_cuda_graph");
 }
 
@@ -214,8 +216,10 @@ void MhaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& b) 
   if (pmd) clamp(seq, "batch.seq_lens", N, config_.context_len, 1, pmd->cache_seqlens);
   decode_slot_ = dmd;
   prefill_slot_ = pmd;
+  step_bs_ = bs;
 } catch (const Error& e) {
   prefill_slot_ = decode_slot_ = nullptr;  // a rejected step leaves no metadata
+  step_bs_ = -1;
   rethrow_in_call(e, "MhaBackend.init_forward_metadata_replay_cuda_graph");
 }
 

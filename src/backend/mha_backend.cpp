@@ -214,13 +214,7 @@ std::optional<std::vector<int32_t>> MhaBackend::host_seq_lens(const ForwardBatch
 
 // bs of forward_* must be the step's batch_size (block draft: requests, not rows).
 void MhaBackend::check_step_bs(int bs) const {
-  int step = -1;
-  if (decode_slot_ != nullptr) {
-    step = block_draft() ? decode_slot_->batch / config_.spec_num_tokens : decode_slot_->batch;
-  } else if (prefill_slot_ != nullptr) {
-    step = prefill_slot_->batch;
-  }
-  if (step >= 0 && bs != step) fail("bs", str(step) + " (this step's batch_size)", str(bs));
+  if (step_bs_ >= 0 && bs != step_bs_) fail("bs", str(step_bs_) + " (this step's batch_size)", str(bs));
 }
 
 void MhaBackend::check_batch(const ForwardBatch& b, int max_bs) const {
@@ -295,10 +289,15 @@ const GroupMetadata& MhaBackend::layer_group(const LayerSpec& layer, const Atten
 void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
   const CallScope call("MhaBackend.init_forward_metadata");
   prefill_slot_ = decode_slot_ = nullptr;
+  step_bs_ = -1;
   eager_prefill_.groups.clear();
   eager_decode_.groups.clear();
-  if (b.forward_mode == ForwardMode::idle || b.batch_size == 0) return;
+  if (b.forward_mode == ForwardMode::idle || b.batch_size == 0) {
+    step_bs_ = 0;
+    return;
+  }
   check_batch(b, config_.max_bs);
+  step_bs_ = b.batch_size;  // reset to -1 if a later check rejects the step
   check_unique_ids(b.group_tables, "batch.group_tables");
   const Device dev = config_.device;
   const Stream s = config_.stream;
@@ -426,6 +425,9 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
       GroupBuffers& gb = eager_group(g.group_id);
       if (gb.extend_capacity < tq) {  // eager only: extend steps are never captured
         gb.extend_capacity = std::max<int64_t>(tq, 2 * gb.extend_capacity);
+        // Kept, not freed: select_out_cache_loc may have handed out a view of it (the
+        // buffers double, so the retired ones hold less than the live one).
+        if (gb.extend_slots.bytes() > 0) gb.retired.push_back(std::move(gb.extend_slots));
         gb.extend_slots = Buffer(static_cast<std::size_t>(gb.extend_capacity) * 4, dev);
       }
       const TensorView slots = vec(gb.extend_slots, 0, tq);
@@ -489,6 +491,7 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
   // A rejected step leaves no metadata (a slot set before the failing check would serve
   // the next forward call half-built, over arrays the caller may have released).
   prefill_slot_ = decode_slot_ = nullptr;
+  step_bs_ = -1;
   rethrow_in_call(e, "MhaBackend.init_forward_metadata");
 }
 

@@ -228,3 +228,104 @@ def test_cache_dtype_must_be_the_configured_one(rng, config_dtype):
                                        r"\(config.kv_cache_dtype\), got fp16 "):
         backend.forward_decode(q, k, k, layer, k_cache, v_cache, loc, 1, out)
     assert (k_cache.tobytes(), out.tobytes()) == before
+
+
+def test_drafter_group_slots_follow_seq_lens_in_place(rng):
+    """A drafter with a cache group and no slots of its own: each draft step's K/V goes to
+    pos = seq_len - 1 of the lengths it advances in place (section 6), not to the first
+    step's slot again (which overwrote K/V the next steps read)."""
+    _, k_cache, v_cache = _engine(rng)
+    backend = _draft_backend()
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, group_id="full_attention")
+    table = np.array([[7, 9, -1, -1] + [-1] * (CONTEXT // P - 4)], np.int32)
+    seq_lens = np.array([5], np.int32)
+    batch = pm.ForwardBatch(forward_mode=pm.ForwardMode.decode, batch_size=1,
+                            req_pool_indices=np.array([1], np.int32), seq_lens=seq_lens,
+                            group_tables={"full_attention": table})
+    backend.init_forward_metadata(batch)
+    for step in range(3):  # positions 4, 5, 6
+        pos = int(seq_lens[0]) - 1
+        q, k, v = (fp16(rng.standard_normal((1, h * D))) for h in (HQ, HKV, HKV))
+        slot = backend.select_out_cache_loc(layer, pm.ForwardMode.decode, None)
+        np.testing.assert_array_equal(slot, [table[0, pos // P] * P + pos % P])
+        out = np.full((1, HQ * D), np.nan, np.float16)
+        backend.forward_decode(q, k, v, layer, k_cache, v_cache, None, 1, out)
+        np.testing.assert_array_equal(k_cache[table[0, pos // P] * P + pos % P], k.reshape(HKV, D))
+        ref, _ = ref_attention(q.reshape(1, HQ, D), k_cache, v_cache, table, seq_lens, [(0, 1)], P,
+                               bmm1_scale=D ** -0.5)
+        assert_close_ulp(out.reshape(1, HQ, D), ref, "fp16")
+        seq_lens += 1
+
+
+def test_block_drafter_runs_its_extend_step(rng):
+    """A block-diffusion drafter's own extend step: forward_extend's bs is the step's
+    batch_size (it was compared with the drafter's decode rows / N)."""
+    req_to_page, k_cache, v_cache = _engine(rng)
+    backend = _draft_backend(draft_block_decode=True)
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D)
+    rpi, ext = np.array([2], np.int32), np.array([5], np.int32)
+    seq_lens = ext.copy()
+    loc = _slots(req_to_page, np.repeat(rpi, 5), np.arange(5))
+    q, k, v = (fp16(rng.standard_normal((5, h * D))) for h in (HQ, HKV, HKV))
+    batch = pm.ForwardBatch(forward_mode=pm.ForwardMode.draft_extend, batch_size=1, req_pool_indices=rpi,
+                            seq_lens=seq_lens, req_to_page=req_to_page, out_cache_loc=loc,
+                            extend_seq_lens_cpu=ext)
+    backend.init_forward_metadata(batch)
+    out = np.full((5, HQ * D), np.nan, np.float16)
+    backend.forward_extend(q, k, v, layer, k_cache, v_cache, loc, 1, out)
+    ref, _ = ref_attention(q.reshape(5, HQ, D), k_cache, v_cache, req_to_page[rpi], seq_lens, [(0, 5)], P,
+                           bmm1_scale=D ** -0.5)
+    assert_close_ulp(out.reshape(5, HQ, D), ref, "fp16")
+
+
+def _group_extend(backend, n, table, rng):
+    """An extend step of one request with n new tokens over the group table `table`."""
+    ext = np.array([n], np.int32)
+    backend.init_forward_metadata(pm.ForwardBatch(
+        forward_mode=pm.ForwardMode.extend, batch_size=1, req_pool_indices=np.array([1], np.int32),
+        seq_lens=ext.copy(), seq_lens_cpu=ext.copy(), extend_seq_lens_cpu=ext,
+        group_tables={"g": table}))
+
+
+def test_select_out_cache_loc_numpy_array_stays_readable(rng):
+    """With NumPy inputs the group slots come back as an int32 NumPy array (it was a
+    one-use DLPack capsule), readable again, and still valid memory after a later step
+    outgrew the buffer behind it (it then keeps its own step's slots)."""
+    backend = pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, kv_cache_dtype="fp16",
+                                out_dtype="fp16", max_bs=MAX_BS, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D)
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, group_id="g")
+    table = np.arange(1, CONTEXT // P + 1, dtype=np.int32)[None, :]
+    _group_extend(backend, 2, table, rng)
+    slots = backend.select_out_cache_loc(layer, pm.ForwardMode.extend, None)
+    want = [table[0, 0] * P, table[0, 0] * P + 1]
+    assert isinstance(slots, np.ndarray) and slots.dtype == np.int32
+    np.testing.assert_array_equal(slots, want)
+    np.testing.assert_array_equal(np.asarray(slots), want)  # a second read
+    _group_extend(backend, 40, table, rng)  # 40 slots: the group's extend buffer grows
+    np.testing.assert_array_equal(slots, want)
+    np.testing.assert_array_equal(backend.select_out_cache_loc(layer, pm.ForwardMode.extend, None),
+                                  [table[0, p // P] * P + p % P for p in range(40)])
+
+
+def test_select_out_cache_loc_rejects_a_mode_without_metadata(rng):
+    """A forward_mode whose slot this step has no metadata for, or a grouped layer before
+    any metadata, is an error: the caller's single-table slots came back for a grouped
+    layer, unchecked."""
+    backend = pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, kv_cache_dtype="fp16",
+                                out_dtype="fp16", max_bs=MAX_BS, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D)
+    grouped = pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, group_id="g")
+    plain = pm.LayerSpec(layer_id=1, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D)
+    loc = np.array([4], np.int32)
+    with pytest.raises(pm.Error, match=r"^MhaBackend.select_out_cache_loc: metadata: expected "
+                                       r"init_forward_metadata for this step first"):
+        backend.select_out_cache_loc(grouped, pm.ForwardMode.decode, loc)
+    assert backend.select_out_cache_loc(plain, pm.ForwardMode.decode, loc) is loc
+    table = np.arange(1, CONTEXT // P + 1, dtype=np.int32)[None, :]
+    backend.init_forward_metadata(pm.ForwardBatch(
+        forward_mode=pm.ForwardMode.decode, batch_size=1, req_pool_indices=np.array([1], np.int32),
+        seq_lens=np.array([3], np.int32), group_tables={"g": table}))
+    with pytest.raises(pm.Error, match=r"^MhaBackend.select_out_cache_loc: forward_mode: expected the mode of "
+                                       r"this step's metadata \(decode\), got extend$"):
+        backend.select_out_cache_loc(grouped, pm.ForwardMode.extend, loc)
+    np.testing.assert_array_equal(backend.select_out_cache_loc(grouped, pm.ForwardMode.decode, loc),
+                                  [table[0, 0] * P + 2])

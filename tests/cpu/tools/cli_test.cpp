@@ -372,6 +372,28 @@ TEST(PlotCli, ReportNameIsNotInterpretedByAShell) {
   EXPECT_FALSE(fs::exists(pwned));
 }
 
+// matplotlib appends ".png" to a name without an image extension, so "plot -o out" wrote
+// out.png while the tool reported "wrote out": such names (and '' or a directory) are
+// usage errors. check --seed takes the same decimal as replay --seed (CLI11 alone wraps -1).
+TEST(PlotCli, OutputNeedsAnImageExtensionAndCheckSeedIsDecimal) {
+  const std::string rep = scratch("any.json").string();
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"plot", rep, "-o", scratch("plotout").string()},
+       "plot: --output: expected an image file name ending in .png, .svg or .pdf, got "},
+      {{"plot", rep, "-o", ""}, "plot: --output: expected an image file name ending in .png, .svg or .pdf, got ''"},
+      {{"plot", rep, "-o", "/tmp"}, "plot: --output: expected an image file name ending in .png, .svg or .pdf"},
+      {{"check", "--device", "cpu", "--seed", "-1"}, "check: --seed: expected an integer in [0, 2^64), got -1"},
+      {{"check", "--device", "cpu", "--seed", "99999999999999999999999"},
+       "check: --seed: expected an integer in [0, 2^64), got 99999999999999999999999"},
+  };
+  for (const auto& [args, want] : cases) {
+    const auto [rc, err] = cli_err(args);
+    EXPECT_EQ(rc, 2) << want;
+    EXPECT_NE(err.find("pagedmha: error: " + want), std::string::npos) << err;
+  }
+  EXPECT_FALSE(fs::exists(scratch("plotout.png")));
+}
+
 TEST(PlotCli, MissingReportIsAnErrorNamingTheArgument) {
   testing::internal::CaptureStderr();
   EXPECT_EQ(cli({"plot", scratch("does_not_exist.json").string()}), 1);
