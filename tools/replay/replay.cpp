@@ -338,6 +338,17 @@ ReplayResult run_replay(const ReplayOptions& given) {
     pages = static_cast<int64_t>(want);
   }
   res.pages_per_group = pages;
+  // The KV pool against the device's memory: a pool past it is a usage error here, before
+  // the scheduler's per-page state or the pool is allocated (the allocation would succeed,
+  // overcommitted, and the process be killed while filling it).
+  const double pool_bytes = double(pages) * bytes_per_page_all_layers;
+  if (const double have = memory_bytes(res.device); !o.dry_run && have > 0 && pool_bytes > have) {
+    throw_invalid_argument("replay", o.pages >= 0 ? "--pages" : "--kv-memory",
+                           "a KV pool within " + res.device.str() + "'s " + fmt("%.1f", have / 1e9) + " GB",
+                           fmt("%.1f GB", pool_bytes / 1e9) + ": " + std::to_string(pages) + " pages of " +
+                               std::to_string(o.page_size) + " tokens over " + std::to_string(m.num_layers) +
+                               " layers");
+  }
 
   SchedulerConfig sc;
   sc.page_size = o.page_size;
@@ -372,16 +383,6 @@ ReplayResult run_replay(const ReplayOptions& given) {
   ec.k_scale = ec.v_scale = kv_dtype == DType::fp8_e4m3 ? kFp8Scale : 1.0f;
   ec.seed = o.seed;
   ec.cuda_graphs = o.cuda_graphs;
-  // The KV pool against the device's memory: a pool past it is a usage error here, where
-  // the allocation would succeed (overcommit) and the process be killed while filling it.
-  const double pool_bytes = double(pages) * bytes_per_page_all_layers;
-  if (const double have = memory_bytes(res.device); !o.dry_run && have > 0 && pool_bytes > have) {
-    throw_invalid_argument("replay", o.pages >= 0 ? "--pages" : "--kv-memory",
-                           "a KV pool within " + res.device.str() + "'s " + fmt("%.1f", have / 1e9) + " GB",
-                           fmt("%.1f GB", pool_bytes / 1e9) + ": " + std::to_string(pages) + " pages of " +
-                               std::to_string(o.page_size) + " tokens over " + std::to_string(m.num_layers) +
-                               " layers");
-  }
   std::unique_ptr<AttentionExecutor> exec;
   try {
     exec = o.dry_run ? make_dry_run_executor() : multi ? make_ranked_executor(ec, res.ranks) : make_backend_executor(ec);
