@@ -52,7 +52,8 @@ void dump_output(const Shape& s, const __nv_bfloat16* o, int64_t n, const float*
   for (int64_t i = 0; i < n; i += 61) sample.push_back(__bfloat162float(h[i]));
   CHECK(cudaMemcpy(l.data(), lse, n_lse * 4, cudaMemcpyDeviceToHost));
   const std::string path = std::string(dump_dir()) + "/" + g_variant + "-" + s.model + "-" + std::to_string(s.batch) +
-                           "x" + std::to_string(s.seq) + "-p" + std::to_string(s.page) + "-" + (s.fp8 ? "fp8" : "bf16");
+                           "x" + std::to_string(s.seq) + "-p" + std::to_string(s.page) + (s.linear ? "-inorder" : "") +
+                           "-" + (s.fp8 ? "fp8" : "bf16");
   for (const auto& [name, v] : {std::pair{path + ".bin", &sample}, std::pair{path + ".lse.bin", &l}}) {
     if (FILE* f = std::fopen(name.c_str(), "wb")) {
       std::fwrite(v->data(), 4, v->size(), f);

@@ -112,17 +112,25 @@ if [ -n "${COMPARE:-}" ] && [ "$kernel" = prefill ] && [ ${#names[@]} -gt 0 ]; t
       >/dev/null || echo "$name: dump run failed or timed out"
   done
   ref=${variants[0]:-default:}
-  python3 - "$dir/dump" "${ref%%:*}" "$compare" <<'PY'
+  python3 - "$dir/dump" "${ref%%:*}" "$compare" "${names[@]}" <<'PY'
 import glob, json, os, sys
 import numpy as np
 d, ref, out = sys.argv[1:4]
+others = [n for n in sys.argv[4:] if n not in (ref, "fa3-dense")]
 rows = []
-for f in sorted(glob.glob(os.path.join(d, ref + "-*.bin"))):
+refs = sorted(glob.glob(os.path.join(d, ref + "-*.bin")))
+if not refs:
+    print(f"compare: no dumps of {ref} (its build or run failed): nothing compared")
+for f in refs:
     shape = os.path.basename(f)[len(ref) + 1:]
     a = np.fromfile(f, np.float32)
-    for g in sorted(glob.glob(os.path.join(d, "*-" + shape))):
-        name = os.path.basename(g)[: -len(shape) - 1]
-        if name == ref:
+    for name in others:
+        g = os.path.join(d, name + "-" + shape)
+        if not os.path.exists(g):  # its build or run failed: said, not skipped
+            rows.append({"variant": name, "reference": ref, "file": shape, "values": 0, "max_abs_diff": None,
+                         "max_abs_ref": float(np.abs(a).max()) if a.size else 0.0, "nonfinite": None,
+                         "missing": True})
+            print(f"compare {name:>12} vs {ref}: {shape:<36} missing (no dump)")
             continue
         b = np.fromfile(g, np.float32)
         ok = a.size == b.size

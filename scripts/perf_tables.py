@@ -430,8 +430,9 @@ def variants_section(name: str, doc: dict) -> List[str]:
         parts.append(f"Outputs against `{cmp[0].get('reference')}` (COMPARE=1: every 61st output value, "
                      "and every lse, of the same inputs; bf16 rounding differs between tile shapes):\n")
         parts.append(table(["variant", "dump", "max abs diff", "max abs reference", "non-finite"],
-                           [[str(c.get("variant")), str(c.get("file")), _sig(c.get("max_abs_diff")),
-                             _sig(c.get("max_abs_ref")), str(c.get("nonfinite", "-"))] for c in cmp]))
+                           [[str(c.get("variant")), str(c.get("file")),
+                             "missing" if c.get("missing") else _sig(c.get("max_abs_diff")), _sig(c.get("max_abs_ref")),
+                             "-" if c.get("nonfinite") is None else str(c.get("nonfinite"))] for c in cmp]))
     return parts
 
 

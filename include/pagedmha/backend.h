@@ -273,7 +273,6 @@ class MhaBackend {
   struct GroupBuffers {  // persistent per-group buffers
     Buffer table;        // [rows, max_pages] (graph only)
     Buffer decode_slots, verify_slots, extend_slots;
-    std::vector<Buffer> retired;  // outgrown extend_slots: views handed out stay readable
     int64_t extend_capacity = 0;
     int64_t written_cols = 0;  // graph: widest live table copied so far
   };
@@ -281,6 +280,7 @@ class MhaBackend {
     int max_bs = 0;
     TensorView seq_lens_buf;
     Buffer page_table, spec_seqlens, block_seqlens;
+    Buffer row_lens;  // drafter: a live group table's full length per row (whole-row gathers)
     std::map<std::string, GroupBuffers> groups;
     std::map<int, AttentionMetadata> decode, prefill;
     std::map<int, std::vector<std::string>> captured_groups;
@@ -328,6 +328,9 @@ class MhaBackend {
   const AttentionMetadata* prefill_slot_ = nullptr;
   const AttentionMetadata* decode_slot_ = nullptr;
   int step_bs_ = -1;  // the current step's batch_size (requests); 0 idle; -1 no step metadata
+  // Slot buffers outgrown or replaced (extend slots, an earlier graph state): kept, not
+  // freed, since select_out_cache_loc may have handed out views of them.
+  std::vector<Buffer> retired_;
   bool has_graph_ = false;
   GraphState graph_;
   // CUDA: mixed steps run their decode rows here, beside the prefill rows' kernel.

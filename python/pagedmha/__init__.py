@@ -220,9 +220,11 @@ _checked_method(MhaBackend, "forward_decode", _forward_method)
 
 
 def _select_method(select):
+    select = _backend_method(select)
+
     @_functools.wraps(select)
-    def call(self, layer, forward_mode, out_cache_loc):
-        slots = select(self, layer, forward_mode, _export(out_cache_loc))
+    def call(self, layer, forward_mode, out_cache_loc, *, stream: int | None = None):
+        slots = select(self, layer, forward_mode, _export(out_cache_loc), stream=stream)
         if slots is None:  # the caller's own out_cache_loc
             return out_cache_loc
         torch = _sys.modules.get("torch")

@@ -132,7 +132,8 @@ class PyBackend {
   }
 
   nb::object select_out_cache_loc(nb::handle self, const PyLayerSpec& layer, ForwardMode mode,
-                                  const ArrayArg& loc) {
+                                  const ArrayArg& loc, std::optional<std::uintptr_t> stream) {
+    set_stream(stream);  // a drafter's group slots are computed on it
     const TensorView t = impl_->select_out_cache_loc(
         layer.view("MhaBackend.select_out_cache_loc"), mode,
         to_view(loc, "MhaBackend.select_out_cache_loc", "out_cache_loc", Access::read));
@@ -382,16 +383,18 @@ void bind_backend(nb::module_& m) {
       .def(
           "select_out_cache_loc",
           [](nb::handle self, const PyLayerSpec& layer, ForwardMode forward_mode,
-             const ArrayArg& out_cache_loc) {
+             const ArrayArg& out_cache_loc, std::optional<std::uintptr_t> stream) {
             return nb::inst_ptr<PyBackend>(self)->select_out_cache_loc(self, layer, forward_mode,
-                                                                       out_cache_loc);
+                                                                       out_cache_loc, stream);
           },
-          arg("layer"), arg("forward_mode"), arg("out_cache_loc").none(),
+          arg("layer"), arg("forward_mode"), arg("out_cache_loc").none(), nb::kw_only(),
+          arg("stream").none() = nb::none(),
           "Write slots for a KV prewrite of `layer` in this step: the layer's cache-group slots\n"
           "(int32 backend memory: a NumPy array on the CPU; on CUDA a DLPack capsule, a torch tensor\n"
-          "when out_cache_loc is one; rewritten by the next step's metadata, so copy it to keep it)\n"
-          "when groups are active, else\n"
-          "out_cache_loc itself (the raw extension returns None for that case). Errors: a\n"
+          "when out_cache_loc is one; rewritten by the next step's metadata, and for a drafter\n"
+          "by its next call, so copy it to keep it) when groups are active, else out_cache_loc\n"
+          "itself (the raw extension returns None for that case). A drafter's group slots are\n"
+          "computed from seq_lens on `stream` (default: the device's current one). Errors: a\n"
           "forward_mode other than the step's metadata's, or a grouped layer before any metadata.")
       .def("init_cuda_graph_state", &PyBackend::init_cuda_graph_state, arg("max_bs"),
            arg("seq_lens_buf"), arg("cache_group_ids") = std::vector<std::string>{}, nb::kw_only(),

@@ -15,6 +15,12 @@ namespace pagedmha {
 
 using namespace backend_detail;
 
+namespace {
+// What a forward call without metadata passes on (an lvalue, so that a slot is passed by
+// reference, not copied with its group vector, on every layer's call).
+const AttentionMetadata kNoMetadata{};
+}  // namespace
+
 const AttentionMetadata* MhaBackend::select_slot(ForwardMode mode) const {
   if (is_extend_or_mixed(mode)) return prefill_slot_;
   if (block_draft()) return decode_slot_;
@@ -31,7 +37,7 @@ TensorView MhaBackend::select_loc(const LayerSpec& layer, const AttentionMetadat
   }
   if (config_.is_draft && out_cache_loc.defined()) return out_cache_loc;  // draft chains own their slots
   const GroupMetadata& g = layer_group(layer, *md);
-  if (config_.is_draft && md == decode_slot_ && g.out_cache_loc.defined()) {
+  if (config_.is_draft && !md->ragged && md->max_seq_len_q == 1 && g.out_cache_loc.defined()) {
     // A drafter's seq_lens advance in place between its steps (the decode slot aliases
     // them): its group slots (pos = seq_len - 1) are computed from them now, not kept
     // from init_forward_metadata, which would write every step's K/V to the first one's.
@@ -73,7 +79,7 @@ TensorView MhaBackend::forward_extend(const TensorView& q, const TensorView& k, 
     fail("metadata", "an extend step's (init_forward_metadata with an extend batch)",
          "a decode step's metadata (call forward_decode, or init_forward_metadata for this extend step)");
   }
-  return run_attention(q, k, v, layer, kv, out_cache_loc, prefill_slot_ ? *prefill_slot_ : AttentionMetadata{},
+  return run_attention(q, k, v, layer, kv, out_cache_loc, prefill_slot_ ? *prefill_slot_ : kNoMetadata,
                        out, save_kv_cache, prefill_slot_ != nullptr);
 } catch (const Error& e) {
   rethrow_in_call(e, "MhaBackend.forward_extend");
@@ -100,7 +106,7 @@ TensorView MhaBackend::forward_decode(const TensorView& q, const TensorView& k, 
            std::to_string(q.size(0)) + " rows for bs " + std::to_string(bs));
     }
   }
-  return run_attention(q, k, v, layer, kv, out_cache_loc, md ? *md : AttentionMetadata{}, out, save_kv_cache,
+  return run_attention(q, k, v, layer, kv, out_cache_loc, md ? *md : kNoMetadata, out, save_kv_cache,
                        md != nullptr);
 } catch (const Error& e) {
   rethrow_in_call(e, "MhaBackend.forward_decode");

@@ -35,6 +35,7 @@ void MhaBackend::init_cuda_graph_state(int max_bs, const TensorView& seq_lens_bu
   g.page_table = zeros(rows * max_num_pages_, dev, s);
   g.spec_seqlens = zeros(max_bs, dev, s);
   g.block_seqlens = zeros(rows, dev, s);
+  if (config_.is_draft) g.row_lens = zeros(max_bs, dev, s);
   for (const std::string& id : cache_group_ids) {
     const auto& state = config_.state_cache_groups;
     if (std::find(state.begin(), state.end(), id) != state.end()) continue;
@@ -45,9 +46,16 @@ void MhaBackend::init_cuda_graph_state(int max_bs, const TensorView& seq_lens_bu
     gb.verify_slots = zeros(int64_t{max_bs} * N, dev, s);
     g.groups.emplace(id, std::move(gb));
   }
+  // The old state's slot buffers are retired, not freed (views of them may be out).
+  for (auto& [id, gb] : graph_.groups) {
+    for (Buffer* b : {&gb.decode_slots, &gb.verify_slots}) {
+      if (b->bytes() > 0) retired_.push_back(std::move(*b));
+    }
+  }
   graph_ = std::move(g);
   has_graph_ = true;
   prefill_slot_ = decode_slot_ = nullptr;  // slots may have pointed into the old state
+  step_bs_ = -1;
 } catch (const Error& e) {
   rethrow_in_call(e, "MhaBackend.init_cuda_graph_state");
 }
@@ -199,11 +207,18 @@ void MhaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& b) 
       gb.written_cols = std::max(gb.written_cols, live_cols);
       const std::string table_arg = "batch.group_tables['" + id + "']";
       if (live_rows > 0) {
+        // A drafter's rows whole (its seq_lens advance in place between replays' steps,
+        // into pages the lengths now do not reach), else padded past ceil(seq_len / P).
+        TensorView lens = seq.slice(0, 0, live_rows);
+        if (config_.is_draft) {
+          const int whole = static_cast<int>(live_cols * P);
+          lens = vec(graph_.row_lens, 0, live_rows);
+          clamp(seq.slice(0, 0, live_rows), "batch.seq_lens", whole, whole, 1, lens);
+        }
         with_user_args("gather_page_table_with_padding", {{"req_to_page", table_arg}, {"seq_lens", "batch.seq_lens"}},
                        [&] {
-                         gather_page_table_with_padding(t, iota(live_rows), seq.slice(0, 0, live_rows),
-                                                        mat(gb.table, live_rows, cols), static_cast<int>(live_rows),
-                                                        static_cast<int>(live_cols), P, s);
+                         gather_page_table_with_padding(t, iota(live_rows), lens, mat(gb.table, live_rows, cols),
+                                                        static_cast<int>(live_rows), static_cast<int>(live_cols), P, s);
                        });
       }
       const TensorView table = mat(gb.table, bs, cols);

@@ -424,11 +424,13 @@ void MhaBackend::init_forward_metadata(const ForwardBatch& b) try {
     set_tables(md, [&](const CacheGroupTable& g) {
       GroupBuffers& gb = eager_group(g.group_id);
       if (gb.extend_capacity < tq) {  // eager only: extend steps are never captured
-        gb.extend_capacity = std::max<int64_t>(tq, 2 * gb.extend_capacity);
-        // Kept, not freed: select_out_cache_loc may have handed out a view of it (the
+        const int64_t capacity = std::max<int64_t>(tq, 2 * gb.extend_capacity);
+        Buffer grown(static_cast<std::size_t>(capacity) * 4, dev);
+        // Retired, not freed: select_out_cache_loc may have handed out a view of it (the
         // buffers double, so the retired ones hold less than the live one).
-        if (gb.extend_slots.bytes() > 0) gb.retired.push_back(std::move(gb.extend_slots));
-        gb.extend_slots = Buffer(static_cast<std::size_t>(gb.extend_capacity) * 4, dev);
+        if (gb.extend_slots.bytes() > 0) retired_.push_back(std::move(gb.extend_slots));
+        gb.extend_slots = std::move(grown);
+        gb.extend_capacity = capacity;
       }
       const TensorView slots = vec(gb.extend_slots, 0, tq);
       with_user_args("extend_write_slots",

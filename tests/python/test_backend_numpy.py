@@ -246,8 +246,9 @@ def test_drafter_group_slots_follow_seq_lens_in_place(rng):
     for step in range(3):  # positions 4, 5, 6
         pos = int(seq_lens[0]) - 1
         q, k, v = (fp16(rng.standard_normal((1, h * D))) for h in (HQ, HKV, HKV))
-        slot = backend.select_out_cache_loc(layer, pm.ForwardMode.decode, None)
-        np.testing.assert_array_equal(slot, [table[0, pos // P] * P + pos % P])
+        if step == 1:  # the prewrite path; the other steps' forward alone finds the slot
+            slot = backend.select_out_cache_loc(layer, pm.ForwardMode.decode, None)
+            np.testing.assert_array_equal(slot, [table[0, pos // P] * P + pos % P])
         out = np.full((1, HQ * D), np.nan, np.float16)
         backend.forward_decode(q, k, v, layer, k_cache, v_cache, None, 1, out)
         np.testing.assert_array_equal(k_cache[table[0, pos // P] * P + pos % P], k.reshape(HKV, D))
@@ -329,3 +330,34 @@ def test_select_out_cache_loc_rejects_a_mode_without_metadata(rng):
         backend.select_out_cache_loc(grouped, pm.ForwardMode.extend, loc)
     np.testing.assert_array_equal(backend.select_out_cache_loc(grouped, pm.ForwardMode.decode, loc),
                                   [table[0, 0] * P + 2])
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["one-table", "group"])
+def test_drafter_graph_replay_reads_the_pages_seq_lens_reach(rng, grouped):
+    """Graph replay (its CPU form) of a drafter whose seq_lens_buf advances in place after
+    the replay's refresh: the graph's table rows are copied whole, so a step whose token
+    opens a page reads and (with a group) writes that page, not page 0."""
+    req_to_page, k_cache, v_cache = _engine(rng)
+    backend = _draft_backend()
+    ids = ["g"] if grouped else []
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, group_id="g" if grouped else "")
+    seq_buf = np.zeros(MAX_BS, np.int32)
+    backend.init_cuda_graph_state(MAX_BS, seq_buf, ids)
+    backend.init_forward_metadata_capture_cuda_graph(1, pm.ForwardMode.decode, ids)
+    rpi = np.array([2], np.int32)
+    table = req_to_page[rpi]  # 8 pages, then 0
+    seq_buf[0] = P  # the next token opens the request's second page
+    extra = {"group_tables": {"g": table}} if grouped else {"req_to_page": req_to_page}
+    backend.init_forward_metadata_replay_cuda_graph(pm.ForwardBatch(
+        forward_mode=pm.ForwardMode.decode, batch_size=1, req_pool_indices=rpi, seq_lens=seq_buf, **extra))
+    for step in range(2):
+        seq_buf[0] += 1  # in place, no refresh between the drafter's steps
+        pos = int(seq_buf[0]) - 1
+        loc = None if grouped else _slots(req_to_page, rpi, [pos])
+        q, k, v = (fp16(rng.standard_normal((1, h * D))) for h in (HQ, HKV, HKV))
+        out = np.full((1, HQ * D), np.nan, np.float16)
+        backend.forward_decode(q, k, v, layer, k_cache, v_cache, loc, 1, out)
+        np.testing.assert_array_equal(k_cache[table[0, pos // P] * P + pos % P], k.reshape(HKV, D))
+        ref, _ = ref_attention(q.reshape(1, HQ, D), k_cache, v_cache, table, seq_buf[:1], [(0, 1)], P,
+                               bmm1_scale=D ** -0.5)
+        assert_close_ulp(out.reshape(1, HQ, D), ref, "fp16")

@@ -583,7 +583,9 @@ def test_variants_render_the_output_comparison(tmp_path):
     cmp = [{"variant": "bn80", "reference": "default", "file": "gemma-4x4096-p16-bf16.bin", "values": 10,
             "max_abs_diff": 0.00390625, "max_abs_ref": 2.5, "nonfinite": 0},
            {"variant": "broken", "reference": "default", "file": "gemma-4x4096-p16-bf16.lse.bin", "values": 10,
-            "max_abs_diff": None, "max_abs_ref": 11.0, "nonfinite": 3}]
+            "max_abs_diff": None, "max_abs_ref": 11.0, "nonfinite": 3},
+           {"variant": "nobuild", "reference": "default", "file": "gemma-4x4096-p16-bf16.bin", "values": 0,
+            "max_abs_diff": None, "max_abs_ref": 2.5, "nonfinite": None, "missing": True}]
     doc = {"gpu": "NVIDIA H200", "commit": "abc123", "command": "COMPARE=1 bash bench/prefill_variants.sh",
            "date": "2026-12-05", "records": recs, "compare": cmp}
     (tmp_path / "h200-prefill-variants-20261205.json").write_text(json.dumps(doc))
@@ -593,6 +595,7 @@ def test_variants_render_the_output_comparison(tmp_path):
     assert "Outputs against `default`" in text
     assert "| bn80 | gemma-4x4096-p16-bf16.bin | 0.00391 | 2.5 | 0 |" in text
     assert "| broken | gemma-4x4096-p16-bf16.lse.bin | - | 11 | 3 |" in text  # NaN: no number invented
+    assert "| nobuild | gemma-4x4096-p16-bf16.bin | missing | 2.5 | - |" in text
 
 
 def test_prefill_plan_covers_the_issue_rows():

@@ -341,13 +341,15 @@ ReplayResult run_replay(const ReplayOptions& given) {
   // The KV pool against the device's memory: a pool past it is a usage error here, before
   // the scheduler's per-page state or the pool is allocated (the allocation would succeed,
   // overcommitted, and the process be killed while filling it).
-  const double pool_bytes = double(pages) * bytes_per_page_all_layers;
+  // CPU ranks (--gpus N on the CPU) each hold a pool in the one host memory.
+  const int pools = multi && res.device.is_cpu() ? nranks : 1;
+  const double pool_bytes = double(pages) * bytes_per_page_all_layers * pools;
   if (const double have = memory_bytes(res.device); !o.dry_run && have > 0 && pool_bytes > have) {
     throw_invalid_argument("replay", o.pages >= 0 ? "--pages" : "--kv-memory",
                            "a KV pool within " + res.device.str() + "'s " + fmt("%.1f", have / 1e9) + " GB",
                            fmt("%.1f GB", pool_bytes / 1e9) + ": " + std::to_string(pages) + " pages of " +
                                std::to_string(o.page_size) + " tokens over " + std::to_string(m.num_layers) +
-                               " layers");
+                               " layers" + (pools > 1 ? " x " + std::to_string(pools) + " ranks" : ""));
   }
 
   SchedulerConfig sc;
