@@ -357,6 +357,10 @@ void bind_backend(nb::module_& m) {
       .def_prop_ro("max_num_pages", [](PyBackend& b) { return b.get().max_num_pages(); },
                    "Pages per request row: ceil(context_len / page_size).")
       .def("support_kv_cache_prewrite", [](PyBackend& b) { return b.get().support_kv_cache_prewrite(); })
+      .def_prop_ro("stream",
+                   [](PyBackend& b) { return reinterpret_cast<std::uintptr_t>(b.get().config().stream.handle); },
+                   "The cudaStream_t (an int; 0 the legacy default) the backend issues its ops on: the\n"
+                   "last one a call's stream= or set_stream gave.")
       .def("set_stream", [](PyBackend& b, std::uintptr_t s) { b.set_stream(s); }, arg("stream"),
            "Issues the backend's later ops on this cudaStream_t (an int).")
       .def("register_layers", &PyBackend::register_layers, arg("layers"),

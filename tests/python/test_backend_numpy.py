@@ -361,3 +361,18 @@ def test_drafter_graph_replay_reads_the_pages_seq_lens_reach(rng, grouped):
         ref, _ = ref_attention(q.reshape(1, HQ, D), k_cache, v_cache, table, seq_buf[:1], [(0, 1)], P,
                                bmm1_scale=D ** -0.5)
         assert_close_ulp(out.reshape(1, HQ, D), ref, "fp16")
+
+
+def test_select_out_cache_loc_stream_reaches_the_backend(rng):
+    """select_out_cache_loc(stream=) sets the backend's stream (a drafter's group slots are
+    computed on it), as every other backend call's stream= does."""
+    backend = pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, kv_cache_dtype="fp16",
+                                out_dtype="fp16", max_bs=MAX_BS, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D)
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D)
+    backend.set_stream(0)
+    assert backend.stream == 0
+    loc = np.array([4], np.int32)
+    assert backend.select_out_cache_loc(layer, pm.ForwardMode.decode, loc, stream=0x1234) is loc
+    assert backend.stream == 0x1234
+    backend.set_stream(7)
+    assert backend.stream == 7

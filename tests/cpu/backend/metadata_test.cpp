@@ -419,6 +419,29 @@ TEST(BackendGraph, ReplayRefreshesPersistentBuffersAndGuardsStaleTables) {
   EXPECT_THROW(be.init_forward_metadata_replay_cuda_graph(fb), Error);
 }
 
+// A second init_cuda_graph_state retires the first state's group slot buffers rather than
+// freeing them: a view select_out_cache_loc handed out stays readable (ASan checks the read).
+TEST(BackendGraph, NewGraphStateKeepsHandedOutSlotViewsAlive) {
+  MhaBackend be(config(4, 32, 4, /*N=*/2));
+  Ints seq_buf({6, 1, 1, 1});
+  be.init_cuda_graph_state(4, seq_buf.view(), {"full_attention"});
+  be.init_forward_metadata_capture_cuda_graph(1, ForwardMode::target_verify, {"full_attention"});
+  Ints t({3, 5, -1, -1}, 1, 4);
+  ForwardBatch fb;
+  fb.forward_mode = ForwardMode::target_verify;
+  fb.batch_size = 1;
+  fb.seq_lens = seq_buf.view();
+  fb.group_tables = {{"full_attention", t.view()}};
+  be.init_forward_metadata_replay_cuda_graph(fb);
+  LayerSpec layer;
+  layer.group_id = "full_attention";
+  const TensorView slots = be.select_out_cache_loc(layer, ForwardMode::target_verify, {});
+  ASSERT_EQ(values(slots), (V{5 * 4 + 0, 5 * 4 + 1}));
+  be.init_cuda_graph_state(2, seq_buf.view(), {"full_attention"});
+  EXPECT_EQ(values(slots), (V{5 * 4 + 0, 5 * 4 + 1}));
+  EXPECT_EQ(be.prefill_metadata(), nullptr);  // the new state has no step yet
+}
+
 TEST(BackendGraph, DecodeAliasesSeqLensBufAndGathersReqToPage) {
   MhaBackend be(config(4, 16, 4));
   Ints seq_buf({1, 1, 1, 1}), r2p = req_to_page(4, 4);

@@ -208,6 +208,23 @@ TEST(ReplayCli, KvPoolBeyondTheDevicesMemoryNamesTheFlag) {
   EXPECT_NE(m.find("2000000000 pages of 4096 tokens"), std::string::npos) << m;
 }
 
+// CPU ranks (--gpus N on the CPU) each hold a pool in the one host memory: two pools of
+// 0.6x the host's memory are refused though each alone would fit.
+TEST(ReplayCli, KvPoolCheckCountsEveryCpuRank) {
+  const double host = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  ASSERT_GT(host, 0.0);
+  pt::ReplayOptions o = tiny();
+  o.gpus = 2, o.overrides.tp = 2;
+  o.page_size = 4096;
+  o.kv_dtype = "bf16";
+  // Hkv 1 is kept whole on each TP rank: 4096 tokens x 1 head x D 64 x (K, V) x 2 bytes.
+  const double bytes_per_page = 4096.0 * 64 * 2 * 2;
+  o.pages = static_cast<int64_t>(0.6 * host / bytes_per_page);
+  const std::string m = message(o);
+  EXPECT_NE(m.find("replay: --pages: expected a KV pool within cpu's "), std::string::npos) << m;
+  EXPECT_NE(m.find(" x 2 ranks"), std::string::npos) << m;
+}
+
 // An unwritable --json fails before the replay runs (not after a long GPU run).
 TEST(ReplayCli, UnwritableJsonFailsUpFront) {
   const auto t0 = std::chrono::steady_clock::now();
