@@ -119,7 +119,8 @@ struct Consumer {
     mask_keys(s, key0, ltid & 31, lo, hi);
   }
 
-  /// P of the tile from the probabilities of its first 8 NS keys (0 for the rest).
+  /// P of the tile from the probabilities of its first 8 NS keys (0 for the rest; NS is
+  /// odd for the half of an 80-key tile).
   template <int NS>
   __device__ static void pack_p(uint32_t (&pa)[BN / 16][4], const float (&s)[NS][4]) {
 #pragma unroll
@@ -129,8 +130,13 @@ struct Consumer {
       pa[kk][2] = pack2<M>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       pa[kk][3] = pack2<M>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
+    if constexpr (NS % 2 == 1) {
+      pa[NS / 2][0] = pack2<M>(s[NS - 1][0], s[NS - 1][1]);
+      pa[NS / 2][1] = pack2<M>(s[NS - 1][2], s[NS - 1][3]);
+      pa[NS / 2][2] = pa[NS / 2][3] = 0u;
+    }
 #pragma unroll
-    for (int kk = NS / 2; kk < BN / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+    for (int kk = (NS + 1) / 2; kk < BN / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
   }
 
   /// What the epilogue of an item needs once its tiles have run (the item whose last
@@ -151,7 +157,8 @@ struct Consumer {
   /// S has NS = BN / 8 fragments, or BN / 16 where no row sees a key of the tile's upper
   /// half (first_step): S and the softmax then cover its first BN / 2 keys and P's
   /// upper half is 0 (the P V is whole).
-  template <bool pv, bool kFirst, int NS, class OnPv>
+  /// kMask false: a tile inside the keys every row sees (no mask code at all).
+  template <bool pv, bool kFirst, bool kMask, int NS, class OnPv>
   __device__ __forceinline__ void kv_step(const Variant& var, float (&s)[NS][4], uint32_t (&pa)[BN / 16][4],
                                           float (&o)[D / 8][4], float (&alpha)[2], SoftmaxRows& smx,
                                           const QueryTile& t, int tile, int q_slot, bool last, KPipe& ks, VPipe& vs,
@@ -179,7 +186,7 @@ struct Consumer {
     ks.advance();
     constexpr bool kSpec = Pol::kSpecSoftmax && !kFirst;
     if (!kSpec && last) release_q(q_slot);
-    softmax<kSpec>(var, s, tile * BN, t, smx, alpha, q_slot,
+    softmax<kSpec, kMask>(var, s, tile * BN, t, smx, alpha, q_slot,
                    [&](bool ok) { arrive_if(sm.q_empty(q_slot), ok && last && (ltid & 31) == 0); });
     if constexpr (pv) {
       cute::warpgroup_wait<0>();  // the pending P V
@@ -203,12 +210,12 @@ struct Consumer {
                                              int n, int q_slot, KPipe& ks, VPipe& vs) const {
     const auto step = [&](auto& sx) {
       if (pending) {
-        kv_step<true, true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [&] {
+        kv_step<true, true, true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [&] {
           epilogue(var, prev, o, done);
           zero(o);
         });
       } else {
-        kv_step<false, true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [] {});
+        kv_step<false, true, true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [] {});
       }
     };
     if (t.keys.span_hi - (t.keys.end - 1) * BN <= BN / 2) {
@@ -286,8 +293,30 @@ struct Consumer {
       }
       wait(sm.q_full(qs.slot), qs.phase);
       first_step(var, s, pa, o, alpha, smx, done, prev, pending, t, n, qs.slot, ks, vs);
-      for (int j = 1; j < n; ++j) {
-        kv_step<true, false>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs, [] {});
+      // The other tiles (tile end - 1 - j); with Pol::kMaskSplit in three flat loops: those
+      // reaching past the keys every row sees (the causal diagonal), the interior, whose
+      // loop holds no mask code (the jump over it cost instruction-fetch stalls on every
+      // step: docs/perf-notes/prefill-sm90-schedule.md section 17), and those before it
+      // (a window's edge). Interior tiles: [tlo, thi).
+      int j1 = n, j2 = n;
+      if constexpr (Pol::kMaskSplit) {
+        const int tlo = (t.keys.common_lo + BN - 1) / BN, thi = t.keys.common_hi / BN;
+        j1 = max(1, min(n, t.keys.end - thi));
+        j2 = max(j1, min(n, t.keys.end - tlo));
+      }
+      int j = 1;
+      for (; j < j1; ++j) {
+        kv_step<true, false, true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs, [] {});
+      }
+      if constexpr (Pol::kMaskSplit) {
+        for (; j < j2; ++j) {
+          kv_step<true, false, false>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs,
+                                      [] {});
+        }
+        for (; j < n; ++j) {
+          kv_step<true, false, true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs,
+                                     [] {});
+        }
       }
       qs.advance();
       pending = true;
@@ -304,14 +333,15 @@ struct Consumer {
   /// (SoftmaxRows::speculate); where a reference jumps too far the warp recomputes its S
   /// (recompute_s) and takes the plain step. free_q(ok) runs once the warp knows whether
   /// it reads the Q tile again.
-  template <bool kSpec, int NS, class FreeQ>
+  /// kMask false: the tile lies inside the keys every row sees.
+  template <bool kSpec, bool kMask, int NS, class FreeQ>
   __device__ void softmax(const Variant& var, float (&s)[NS][4], int key0, const QueryTile& t, SoftmaxRows& smx,
                           float (&alpha)[2], int q_slot, FreeQ free_q) const {
     if constexpr (PAGEDMHA_SM90_DIAG == 1 || PAGEDMHA_SM90_DIAG == 3) {
       alpha[0] = alpha[1] = 1.0f;
       return;
     }
-    const bool boundary = !(key0 >= t.keys.common_lo && key0 + 8 * NS <= t.keys.common_hi);
+    const bool boundary = kMask && !(key0 >= t.keys.common_lo && key0 + 8 * NS <= t.keys.common_hi);
     float fold = var.transform(s);
     if (boundary) mask(s, key0, t);
     if constexpr (kSpec) {

@@ -17,7 +17,7 @@
 namespace pagedmha::cuda::sm90 {
 
 /// Key positions of a request to page-table columns and rows in their page, and to TMA
-/// boxes of box_rows keys (a power of two that divides the page size:
+/// boxes of box_rows keys (a power of two that divides the page size and the tile:
 /// kv_tma_ok). Shifts where the page size is a power of two (every TMA layout up to a
 /// page of one tile, and the usual page sizes): the producer maps rows and boxes to pages
 /// for every tile, and a 32-bit division is a chain of ~20 dependent instructions (with
@@ -44,19 +44,25 @@ struct PageGeometry {
   __device__ __forceinline__ int box_key(int u) const { return u << box_shift; }
 };
 
-/// Rows of one TMA box of K / V: a page, or a tile when pages hold several tiles.
-inline int kv_box_rows(int page_size, int block_n) { return page_size < block_n ? page_size : block_n; }
+/// Rows of one TMA box of K / V: a page, or where a page holds more, the largest power of
+/// two that divides the tile (the tile itself when it is one), so that no box straddles
+/// a page or a tile.
+inline int kv_box_rows(int page_size, int block_n) {
+  const int b = block_n & -block_n;
+  return page_size < b ? page_size : b;
+}
 
-/// Whether K / V tiles can be loaded with one TMA box per page (per tile when a page
-/// holds several): pages of a multiple of 8 rows that either divide the tile or are a
-/// multiple of it (boxes never straddle a page, every 16-bit box starts on a 1024-byte
-/// swizzle boundary), 16-byte aligned base and strides, and coordinates that fit the
+/// Whether K / V tiles can be loaded with TMA boxes of kv_box_rows rows: pages of a
+/// multiple of 8 rows that either divide the tile or are a multiple of the box, a power of
+/// two dividing both (boxes never straddle a page or a tile, every 16-bit box starts on a
+/// 1024-byte swizzle boundary), 16-byte aligned base and strides, and coordinates that fit the
 /// tensor map's 32-bit dims. Otherwise the producer gathers rows with cp.async.
 inline bool kv_tma_ok(int page_size, int block_n, const void* k, const void* v, int64_t page_stride_bytes_k,
                       int64_t token_stride_bytes_k, int64_t head_stride_bytes_k, int64_t page_stride_bytes_v,
                       int64_t token_stride_bytes_v, int64_t head_stride_bytes_v, int64_t num_pages) {
   if (page_size % 8 != 0) return false;
-  if (!(block_n % page_size == 0 || page_size % block_n == 0)) return false;
+  const int box = kv_box_rows(page_size, block_n);
+  if (PageGeometry::log2_exact(box) < 0 || page_size % box != 0 || block_n % box != 0) return false;
   const auto a16 = [](int64_t x) { return x > 0 && x % 16 == 0 && x < (int64_t{1} << 40); };
   if (!a16(page_stride_bytes_k) || !a16(token_stride_bytes_k) || !a16(head_stride_bytes_k)) return false;
   if (!a16(page_stride_bytes_v) || !a16(token_stride_bytes_v) || !a16(head_stride_bytes_v)) return false;

@@ -21,8 +21,8 @@ struct TileSpace {
   const int32_t* seq_lens;
   int batch;
   int tokens;        // tokens per query tile
-  int block_n;       // keys per KV tile (a power of two)
-  int block_n_shift;  // log2(block_n)
+  int block_n;        // keys per KV tile
+  int block_n_shift;  // log2(block_n), -1 when not a power of two (a division per item)
   MaskVariant mask;
 };
 
@@ -65,8 +65,15 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0,
   if (k.span_hi <= k.span_lo) {
     k.begin = k.end = 0;
   } else {
+#if defined(PAGEDMHA_SM90_D256_BLOCK_N) && PAGEDMHA_SM90_D256_BLOCK_N != 64
+    // Tiles that are not a power of two (policy.h's knob): a division per item.
+    const int up = k.span_hi + s.block_n - 1;  // keys are >= 0
+    k.begin = s.block_n_shift >= 0 ? k.span_lo >> s.block_n_shift : k.span_lo / s.block_n;
+    k.end = s.block_n_shift >= 0 ? up >> s.block_n_shift : up / s.block_n;
+#else
     k.begin = k.span_lo >> s.block_n_shift;  // keys are >= 0
     k.end = (k.span_hi + s.block_n - 1) >> s.block_n_shift;
+#endif
   }
   return k;
 }

@@ -44,7 +44,8 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   p.space.tokens = tokens_per_tile(Pol::kBlockM, p.pack);
   p.space.block_n = Pol::kBlockN;
   p.space.block_n_shift = PageGeometry::log2_exact(Pol::kBlockN);
-  static_assert((Pol::kBlockN & (Pol::kBlockN - 1)) == 0, "KV tiles of a power of two keys");
+  static_assert((Pol::kBlockN & (Pol::kBlockN - 1)) == 0 || PAGEDMHA_SM90_D256_BLOCK_N != 64,
+                "a tile that is not a power of two needs schedule.cuh's division");
   p.space.mask = prob.mask();
   p.item_div = {cutlass::FastDivmod(a.num_kv_heads * (p.head_groups / p.cluster)),
                 cutlass::FastDivmod(p.head_groups / p.cluster)};
@@ -82,8 +83,7 @@ void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, i
   constexpr bool kFp8 = !std::is_same<KV, T>::value;
   Sm90Params p{};
   p.a = a;
-  // The tile's key count is the same for both load paths (policy.h).
-  static_assert(PrefillPolicy<D, kFp8, true>::kBlockN == PrefillPolicy<D, kFp8, false>::kBlockN, "block_n");
+  // The TMA policy's tile decides the boxes; the gather's may differ (policy.h kBlockN).
   if (!PAGEDMHA_SM90_FORCE_GATHER &&
       kv_tensor_maps<D, T, kFp8>(prob.kv, PrefillPolicy<D, kFp8, true>::kBlockN, p.tm_k, p.tm_v, p.geo)) {
     run_prefill_with<PrefillPolicy<D, kFp8, true>, T, KV>(prob, a, p, num_sms, stream);

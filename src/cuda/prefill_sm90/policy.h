@@ -31,7 +31,11 @@
 // exponentiates against the current reference while the row maxima are found
 // (consumer.cuh softmax) wherever two consumer warpgroups run, =3 with three too, =0
 // nowhere (the default: fp8 KV at D = 64 and 16-bit KV at D = 128), =2 recomputes S for
-// every tile instead (its rare path, slow).
+// every tile instead (its rare path, slow). PAGEDMHA_SM90_PRODUCER_WAIT_ONE=1: with 16-bit
+// TMA loads only producer warp 0 polls a stage's empty barrier (kProducerWaitOne).
+// PAGEDMHA_SM90_MASK_SPLIT=1: an item's tiles in masked / interior / masked loops
+// (kMaskSplit). PAGEDMHA_SM90_D256_BLOCK_N=80: FlashAttention-3's 128 x 80 tiles at D = 256 (16-bit KV
+// by TMA; kBlockN).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -92,6 +96,15 @@
 #ifndef PAGEDMHA_SM90_SPEC_SOFTMAX
 #define PAGEDMHA_SM90_SPEC_SOFTMAX -1
 #endif
+#ifndef PAGEDMHA_SM90_MASK_SPLIT
+#define PAGEDMHA_SM90_MASK_SPLIT 0
+#endif
+#ifndef PAGEDMHA_SM90_D256_BLOCK_N
+#define PAGEDMHA_SM90_D256_BLOCK_N 64
+#endif
+#ifndef PAGEDMHA_SM90_PRODUCER_WAIT_ONE
+#define PAGEDMHA_SM90_PRODUCER_WAIT_ONE 0
+#endif
 
 namespace pagedmha::cuda::sm90 {
 
@@ -129,8 +142,12 @@ struct PrefillPolicy {
   static constexpr int kProducerWarpgroups = Fp8Kv && KvTma && D <= 128 && PAGEDMHA_SM90_FP8_PRODUCERS == 2 ? 2 : 1;
   static constexpr int kThreads = 128 * (kProducerWarpgroups + kConsumerWarpgroups);
   // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128; 64 at
-  // D = 256, whose O accumulator alone is 128 registers per thread.
-  static constexpr int kBlockN = D == 256 ? 64 : (Fp8Kv ? PAGEDMHA_SM90_FP8_BLOCK_N : 128);
+  // D = 256, whose O accumulator alone is 128 registers per thread. The knob's 80 at
+  // D = 256 (FA3's tile there, two K and two V stages of 40 KB) applies to 16-bit KV by
+  // TMA: its boxes are 16 rows (paged_kv.cuh kv_box_rows), the gather and the fp8
+  // conversion keep 64.
+  static constexpr int kBlockN =
+      D == 256 ? (KvTma && !Fp8Kv ? PAGEDMHA_SM90_D256_BLOCK_N : 64) : (Fp8Kv ? PAGEDMHA_SM90_FP8_BLOCK_N : 128);
   // fp8 caches at D = 128 with two producer warpgroups: the raw tile (BN x 128 bytes)
   // lands by TMA in the upper half of its own 16-bit stage, where raw row r is exactly
   // the bytes of the stage's second panel's row r, and is converted in place (each warp
@@ -161,6 +178,7 @@ struct PrefillPolicy {
   // Two producer warpgroups (fp8, 512 threads of 128): 256 x 56 + 256 x 200 = 65,536.
   static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? PAGEDMHA_SM90_WG3_PRODUCER_REGS
                                        : kProducerWarpgroups == 2 ? PAGEDMHA_SM90_FP8_PRODUCER_REGS
+                                       : kBlockN == 80 ? 56  // S of 80 keys: the consumers spill at 216
                                        : (KvTma && !Fp8Kv ? PAGEDMHA_SM90_PRODUCER_REGS : 72);
   // The pool setmaxnreg moves registers within is what the launch gave the CTA: kThreads
   // x (64K / kThreads rounded down to 8). Asking the consumers for more than the producer
@@ -209,6 +227,19 @@ struct PrefillPolicy {
   // no difference out of the noise (s23run2). The same results either way, by
   // construction (GpuPrefill.OverflowingLogitsNeverNaN runs both forms).
   static constexpr bool kSoftmaxOneCopy = D == 128;
+  // With 16-bit TMA loads all four producer warps poll each stage's empty barrier before
+  // issuing their boxes: ncu counted 92 M spinning producer instructions beside 161 M of
+  // work at llama3-8b 1 x 16k (s22run1), each producer warp on a sub-partition beside
+  // two consumer warps. The knob lets warp 0 poll and the others wait at the producer's
+  // named barrier (experiment: docs/perf-notes/prefill-sm90-loop.md section 19).
+  static constexpr bool kProducerWaitOne = PAGEDMHA_SM90_PRODUCER_WAIT_ONE != 0;
+  // An item's tiles after its first in three loops, masked / interior / masked, the
+  // interior's softmax without mask code: by ptxas's stall counts the D = 128 loop's
+  // common path loses a 4.6 KB jump over the mask block (455 instructions / 950 stall
+  // cycles against 465 / 975; D = 64 430 / 1,121 against 439 / 1,149), the objects grow
+  // by three copies of the step. An experiment until the GPU suite and the A/B have run
+  // (docs/perf-notes/prefill-sm90-loop.md section 20).
+  static constexpr bool kMaskSplit = PAGEDMHA_SM90_MASK_SPLIT != 0;
   // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
   // on every shape, s13run1); every r-th S fragment exponentiated by a polynomial on the
   // FMA pipe instead of the MUFU (r = 8 / 4 / 2: up to -6 / -11 / -21%, s14run2); the
