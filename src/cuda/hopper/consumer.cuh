@@ -280,7 +280,7 @@ struct Consumer {
     bool pending = false;
     int4 next = walk.entry(p, walk.first);
     for (int item = walk.first; item < walk.total; item += walk.stride) {
-      const QueryTile t = walk.tile(p, item, next);
+      const QueryTile t = walk.template tile<BN>(p, item, next);
       next = walk.entry(p, item + walk.stride);
       const int n = t.keys.end - t.keys.begin;
       smx.init();

@@ -48,8 +48,9 @@ struct Walk {
   __device__ int4 entry(const Sm90Params& p, int item) const {
     return item < total ? plan_entry(p.list, item, p.item_div) : make_int4(0, 0, 0, 0);
   }
+  template <int kBN>
   __device__ QueryTile tile(const Sm90Params& p, int item, int4 e) const {
-    return query_tile(p.space, e, item, p.item_div, p.a.group, p.pack, p.cluster, rank);
+    return query_tile<kBN>(p.space, e, item, p.item_div, p.a.group, p.pack, p.cluster, rank);
   }
 };
 

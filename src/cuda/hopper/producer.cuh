@@ -90,7 +90,7 @@ struct Producer {
     constexpr bool kPrefetch = Pol::kProducerWarpgroups == 1;
     int4 next = kPrefetch ? walk.entry(p, walk.first) : make_int4(0, 0, 0, 0);
     for (int item = walk.first; item < walk.total; item += walk.stride) {
-      const QueryTile t = walk.tile(p, item, kPrefetch ? next : walk.entry(p, item));
+      const QueryTile t = walk.template tile<BN>(p, item, kPrefetch ? next : walk.entry(p, item));
       if (kPrefetch) next = walk.entry(p, item + walk.stride);
       const int n = t.keys.end - t.keys.begin;
       if (n <= 0) continue;  // the consumers write zeros without reading anything

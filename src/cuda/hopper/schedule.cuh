@@ -21,8 +21,8 @@ struct TileSpace {
   const int32_t* seq_lens;
   int batch;
   int tokens;        // tokens per query tile
-  int block_n;        // keys per KV tile
-  int block_n_shift;  // log2(block_n), -1 when not a power of two (a division per item)
+  int block_n;        // keys per KV tile (also the kernels' template parameter kBN)
+  int block_n_shift;  // log2(block_n), -1 when not a power of two (tile_keys divides)
   MaskVariant mask;
 };
 
@@ -56,7 +56,8 @@ __device__ __forceinline__ void kv_order(int x, int n, int& j, bool& is_v) {
 }
 
 /// The KV tiles of a query tile of `rows` tokens (1 .. tokens) whose first token is at
-/// position p0 of a request of L keys.
+/// position p0 of a request of L keys; kBN = s.block_n.
+template <int kBN>
 __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0, int rows) {
   const int64_t q0 = p0, q1 = int64_t{p0} + rows - 1;
   TileKeys k;
@@ -65,15 +66,15 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0,
   if (k.span_hi <= k.span_lo) {
     k.begin = k.end = 0;
   } else {
-#if defined(PAGEDMHA_SM90_D256_BLOCK_N) && PAGEDMHA_SM90_D256_BLOCK_N != 64
-    // Tiles that are not a power of two (policy.h's knob): a division per item.
-    const int up = k.span_hi + s.block_n - 1;  // keys are >= 0
-    k.begin = s.block_n_shift >= 0 ? k.span_lo >> s.block_n_shift : k.span_lo / s.block_n;
-    k.end = s.block_n_shift >= 0 ? up >> s.block_n_shift : up / s.block_n;
-#else
-    k.begin = k.span_lo >> s.block_n_shift;  // keys are >= 0
-    k.end = (k.span_hi + s.block_n - 1) >> s.block_n_shift;
-#endif
+    if constexpr ((kBN & (kBN - 1)) != 0) {
+      // A tile that is not a power of two (policy.h PAGEDMHA_SM90_D256_BLOCK_N): a
+      // division by a constant.
+      k.begin = k.span_lo / kBN;  // keys are >= 0
+      k.end = (k.span_hi + kBN - 1) / kBN;
+    } else {
+      k.begin = k.span_lo >> s.block_n_shift;  // keys are >= 0
+      k.end = (k.span_hi + s.block_n - 1) >> s.block_n_shift;
+    }
   }
   return k;
 }
@@ -87,7 +88,7 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0,
 /// per item and nothing that depends on it (cu_seqlens_q, seq_lens; the consumers had
 /// waited out two dependent global round trips at every item: ncu, H200 2026-12-03
 /// s10run3, 16 x 1k).
-template <int kThreads, int kBuckets>
+template <int kThreads, int kBuckets, int kBN>
 __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char* workspace) {
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
     const int n = s.cu_seqlens_q[b + 1] - s.cu_seqlens_q[b];
     const int L = s.seq_lens[b] > 0 ? s.seq_lens[b] : 0;
     const int rest = n - m * s.tokens;
-    const TileKeys k = tile_keys(s, L, L - rest, rest < s.tokens ? rest : s.tokens);
+    const TileKeys k = tile_keys<kBN>(s, L, L - rest, rest < s.tokens ? rest : s.tokens);
     const int cost = k.end - k.begin;
     return kBuckets - 1 - (cost < kBuckets - 1 ? cost : kBuckets - 1);
   };
@@ -197,6 +198,7 @@ __device__ __forceinline__ int4 plan_entry(const int4* list, int item, const Ite
 /// `pack` query heads; cluster rank `rank` takes the rank-th of the item's `cluster`
 /// consecutive groups) from the item's index. The items of one entry are adjacent (equal
 /// cost).
+template <int kBN>
 __device__ __forceinline__ QueryTile query_tile(const TileSpace& s, int4 e, int item, const ItemDivisors& div,
                                                 int group, int pack, int cluster, int rank) {
   int entry, r, kv_head, g;
@@ -210,7 +212,7 @@ __device__ __forceinline__ QueryTile query_tile(const TileSpace& s, int4 e, int 
   t.n_tok = e.z < s.tokens ? e.z : s.tokens;
   t.L = e.w;
   t.p0 = t.L - e.z;
-  t.keys = tile_keys(s, t.L, t.p0, t.n_tok);
+  t.keys = tile_keys<kBN>(s, t.L, t.p0, t.n_tok);
   return t;
 }
 

@@ -44,8 +44,6 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   p.space.tokens = tokens_per_tile(Pol::kBlockM, p.pack);
   p.space.block_n = Pol::kBlockN;
   p.space.block_n_shift = PageGeometry::log2_exact(Pol::kBlockN);
-  static_assert((Pol::kBlockN & (Pol::kBlockN - 1)) == 0 || PAGEDMHA_SM90_D256_BLOCK_N != 64,
-                "a tile that is not a power of two needs schedule.cuh's division");
   p.space.mask = prob.mask();
   p.item_div = {cutlass::FastDivmod(a.num_kv_heads * (p.head_groups / p.cluster)),
                 cutlass::FastDivmod(p.head_groups / p.cluster)};
@@ -53,7 +51,7 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   char* ws = static_cast<char*>(prob.workspace);
   p.count = reinterpret_cast<const int*>(ws);
   p.list = reinterpret_cast<const int4*>(ws + PlanLayout::list_offset(prob.batch));
-  plan_kernel<kPlanThreads, kPlanBuckets><<<1, kPlanThreads, 0, stream>>>(p.space, ws);
+  plan_kernel<kPlanThreads, kPlanBuckets, Pol::kBlockN><<<1, kPlanThreads, 0, stream>>>(p.space, ws);
   PAGEDMHA_CUDA_CHECK_LAUNCH();
 
   // Q: [rows][Hq][D], boxes of [tokens][pack][64]. A 16-bit query of another type than
