@@ -22,7 +22,9 @@
 #   prints, and adds to the JSON, each variant's largest difference from the first variant
 #   named (by convention the default build): a knob that breaks the results shows at
 #   once, before any GPU test runs with it. Summation orders differ between tile shapes,
-#   so expect bf16 rounding (~1e-2 relative) there, not 0)
+#   so expect bf16 rounding (~1e-2 relative) there, not 0; BUILD_ONLY=1: build the variants,
+#   run nothing, exit 1 if one fails to compile: scripts/test.sh keeps the experiment knobs
+#   compiling this way where nvcc is present)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 inc=${CUTLASS_INCLUDE:-}
@@ -53,6 +55,7 @@ here=$PWD
 # build NAME FLAGS [SOURCE TREE]: the benchmark source of this tree, against the kernels of
 # SOURCE TREE (default this one).
 build() {
+  rm -f "$here/$dir/$1"  # a failed build must not leave an earlier run's binary to run
   # shellcheck disable=SC2086
   # -DNDEBUG as in the library's Release build: CUTLASS's device asserts are calls, and a
   # call inside the wgmma pipeline makes ptxas serialize every wgmma (warning C7510).
@@ -88,6 +91,16 @@ if [ -n "${FA3_DIR:-}" ] && [ "$kernel" = prefill ]; then
   names+=(fa3-dense)
 fi
 wait
+if [ -n "${BUILD_ONLY:-}" ]; then  # no GPU: only that every variant compiles
+  bad=0
+  for name in "${names[@]}"; do
+    [ -x "$dir/$name" ] && continue
+    echo "prefill_variants: $name: build failed ($dir/$name.build.log):" >&2
+    grep -m5 "error" "$dir/$name.build.log" >&2
+    bad=1
+  done
+  exit $bad
+fi
 for _ in $(seq "${ROUNDS:-1}"); do
   for name in "${names[@]}"; do
     if [ -x "$dir/$name" ]; then
