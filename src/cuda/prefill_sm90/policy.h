@@ -34,8 +34,8 @@
 // every tile instead (its rare path, slow). PAGEDMHA_SM90_PRODUCER_WAIT_ONE=1: with 16-bit
 // TMA loads only producer warp 0 polls a stage's empty barrier (kProducerWaitOne).
 // PAGEDMHA_SM90_MASK_SPLIT=1: an item's tiles in masked / interior / masked loops
-// (kMaskSplit). PAGEDMHA_SM90_D256_BLOCK_N=80: FlashAttention-3's 128 x 80 tiles at D = 256 (16-bit KV
-// by TMA; kBlockN).
+// (kMaskSplit). PAGEDMHA_SM90_D256_BLOCK_N=80: FlashAttention-3's 128 x 80 tiles at
+// D = 256 (16-bit KV by TMA; kBlockN).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
