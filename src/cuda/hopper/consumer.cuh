@@ -306,7 +306,8 @@ struct Consumer {
       }
       int j = 1;
       for (; j < j1; ++j) {
-        kv_step<true, false, true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs, [] {});
+        kv_step<true, false, true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs,
+                                   [] {});
       }
       if constexpr (Pol::kMaskSplit) {
         for (; j < j2; ++j) {
