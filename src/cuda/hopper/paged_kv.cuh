@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "core/problem.h"
+#include "cuda/hopper/kv_boxes.h"
 #include "cuda/hopper/tensor_map.h"
 #include "pagedmha/variant.h"  // PAGEDMHA_HD
 
@@ -44,25 +45,14 @@ struct PageGeometry {
   __device__ __forceinline__ int box_key(int u) const { return u << box_shift; }
 };
 
-/// Rows of one TMA box of K / V: a page, or where a page holds more, the largest power of
-/// two that divides the tile (the tile itself when it is one), so that no box straddles
-/// a page or a tile.
-inline int kv_box_rows(int page_size, int block_n) {
-  const int b = block_n & -block_n;
-  return page_size < b ? page_size : b;
-}
-
-/// Whether K / V tiles can be loaded with TMA boxes of kv_box_rows rows: pages of a
-/// multiple of 8 rows that either divide the tile or are a multiple of the box, a power of
-/// two dividing both (boxes never straddle a page or a tile, every 16-bit box starts on a
-/// 1024-byte swizzle boundary), 16-byte aligned base and strides, and coordinates that fit the
-/// tensor map's 32-bit dims. Otherwise the producer gathers rows with cp.async.
+/// Whether K / V tiles can be loaded with TMA boxes of kv_box_rows rows: a page size the
+/// box rule allows (kv_boxes.h kv_box_layout_ok), 16-byte aligned base and strides, and
+/// coordinates that fit the tensor map's 32-bit dims. Otherwise the producer gathers rows
+/// with cp.async.
 inline bool kv_tma_ok(int page_size, int block_n, const void* k, const void* v, int64_t page_stride_bytes_k,
                       int64_t token_stride_bytes_k, int64_t head_stride_bytes_k, int64_t page_stride_bytes_v,
                       int64_t token_stride_bytes_v, int64_t head_stride_bytes_v, int64_t num_pages) {
-  if (page_size % 8 != 0) return false;
-  const int box = kv_box_rows(page_size, block_n);
-  if (PageGeometry::log2_exact(box) < 0 || page_size % box != 0 || block_n % box != 0) return false;
+  if (!kv_box_layout_ok(page_size, block_n)) return false;
   const auto a16 = [](int64_t x) { return x > 0 && x % 16 == 0 && x < (int64_t{1} << 40); };
   if (!a16(page_stride_bytes_k) || !a16(token_stride_bytes_k) || !a16(head_stride_bytes_k)) return false;
   if (!a16(page_stride_bytes_v) || !a16(token_stride_bytes_v) || !a16(head_stride_bytes_v)) return false;
