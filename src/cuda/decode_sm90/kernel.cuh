@@ -317,7 +317,7 @@ struct DecodeWarp {
 /// The ring's producer warp: it walks the CTA's items as the consumer warps do and loads
 /// each item's stages [tb, tb + n) into the ring, waiting for a stage's empty barrier
 /// (every consumer warp has read its slice). Lane u * kPanels + c issues box u of panel c
-/// (paged_kv.cuh kv_box_rows: a page, or of a larger page the largest power of two that
+/// (kv_boxes.h kv_box_rows: a page, or of a larger page the largest power of two that
 /// divides kTileKeys); its page id for the next stage is read while this one is issued.
 template <class Pol>
 struct DecodeRingProducer {

@@ -144,7 +144,7 @@ struct PrefillPolicy {
   // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128; 64 at
   // D = 256, whose O accumulator alone is 128 registers per thread. The knob's 80 at
   // D = 256 (FA3's tile there, two K and two V stages of 40 KB) applies to 16-bit KV by
-  // TMA: its boxes are 16 rows (paged_kv.cuh kv_box_rows), the gather and the fp8
+  // TMA: its boxes are 16 rows (kv_boxes.h kv_box_rows), the gather and the fp8
   // conversion keep 64.
   static constexpr int kBlockN =
       D == 256 ? (KvTma && !Fp8Kv ? PAGEDMHA_SM90_D256_BLOCK_N : 64) : (Fp8Kv ? PAGEDMHA_SM90_FP8_BLOCK_N : 128);
