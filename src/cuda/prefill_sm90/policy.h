@@ -34,8 +34,8 @@
 // every tile instead (its rare path, slow). PAGEDMHA_SM90_PRODUCER_WAIT_ONE=1: with 16-bit
 // TMA loads only producer warp 0 polls a stage's empty barrier (kProducerWaitOne).
 // PAGEDMHA_SM90_MASK_SPLIT=1: an item's tiles in masked / interior / masked loops
-// (kMaskSplit). PAGEDMHA_SM90_D256_BLOCK_N=80: FlashAttention-3's 128 x 80 tiles at
-// D = 256 (16-bit KV by TMA; kBlockN).
+// (kMaskSplit). PAGEDMHA_SM90_D256_BLOCK_N=64: the earlier 128 x 64 tiles at D = 256
+// for 16-bit KV by TMA (the default is 80: kBlockN).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -100,7 +100,7 @@
 #define PAGEDMHA_SM90_MASK_SPLIT 0
 #endif
 #ifndef PAGEDMHA_SM90_D256_BLOCK_N
-#define PAGEDMHA_SM90_D256_BLOCK_N 64
+#define PAGEDMHA_SM90_D256_BLOCK_N 80
 #endif
 #ifndef PAGEDMHA_SM90_PRODUCER_WAIT_ONE
 #define PAGEDMHA_SM90_PRODUCER_WAIT_ONE 0
@@ -141,11 +141,12 @@ struct PrefillPolicy {
   // flight while it converts).
   static constexpr int kProducerWarpgroups = Fp8Kv && KvTma && D <= 128 && PAGEDMHA_SM90_FP8_PRODUCERS == 2 ? 2 : 1;
   static constexpr int kThreads = 128 * (kProducerWarpgroups + kConsumerWarpgroups);
-  // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128; 64 at
-  // D = 256, whose O accumulator alone is 128 registers per thread. The knob's 80 at
-  // D = 256 (FA3's tile there, two K and two V stages of 40 KB) applies to 16-bit KV by
-  // TMA: its boxes are 16 rows (kv_boxes.h kv_box_rows), the gather and the fp8
-  // conversion keep 64.
+  // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128. At
+  // D = 256, whose O accumulator alone is 128 registers per thread, 80 for 16-bit KV by
+  // TMA (FA3's tile there; two K and two V stages of 40 KB; boxes of 16 rows, kv_boxes.h
+  // kv_box_rows): +6-7% at gemma 1x16k and 4x4k over 64 keys, but -6% at 16x1k, whose
+  // causal items end mid-tile (H100, 2026-12-06 s27run2: docs/perf-notes/prefill-sm90-loop.md
+  // section 20). The gather and the fp8 conversion keep 64.
   static constexpr int kBlockN =
       D == 256 ? (KvTma && !Fp8Kv ? PAGEDMHA_SM90_D256_BLOCK_N : 64) : (Fp8Kv ? PAGEDMHA_SM90_FP8_BLOCK_N : 128);
   // fp8 caches at D = 128 with two producer warpgroups: the raw tile (BN x 128 bytes)
