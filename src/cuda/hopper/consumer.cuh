@@ -278,10 +278,11 @@ struct Consumer {
     SoftmaxRows smx, done;  // the running item's rows; the pending item's
     OutRows prev{};
     bool pending = false;
-    int4 next = walk.entry(p, walk.first);
-    for (int item = walk.first; item < walk.total; item += walk.stride) {
+    int4 next = walk.entry(p, walk.begin(p));
+    for (int item = walk.begin(p); item < walk.total; item = walk.next(p, item)) {
       const QueryTile t = walk.template tile<BN>(p, item, next);
-      next = walk.entry(p, item + walk.stride);
+      next = walk.entry(p, walk.next(p, item));
+      if (t.n_tok <= 0) continue;  // a pair's missing tile (schedule.cuh plan_kernel)
       const int n = t.keys.end - t.keys.begin;
       smx.init();
       if (n <= 0) {  // no key: o = 0 (and the sink alone decides the lse)

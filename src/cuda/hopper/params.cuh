@@ -34,8 +34,11 @@ struct Sm90Params {
   bool tma_raw;        // fp8 K and V by TMA (into the staging slots or their stages; else the gather)
 };
 
-/// This CTA's walk over the plan: its cluster's items first, first + stride, ...; rank
-/// in the cluster (a 1-d grid of clusters of p.cluster consecutive CTAs).
+/// This CTA's walk over the plan. Items are numbered entry x (Hkv * head_groups /
+/// cluster) + the rest (schedule.cuh); the plan's entries come in pairs 2i, 2i + 1 run back to
+/// back (plan_kernel). Its cluster takes pair items first, first + stride, ... of the
+/// pairs' items, and runs each pair item's two tiles in turn; rank in the cluster (a 1-d
+/// grid of clusters of p.cluster consecutive CTAs).
 struct Walk {
   int first, stride, rank, total;
   __device__ explicit Walk(const Sm90Params& p)
@@ -43,6 +46,21 @@ struct Walk {
         stride(static_cast<int>(gridDim.x) / p.cluster),
         rank(static_cast<int>(blockIdx.x) % p.cluster),
         total(num_items(*p.count, p.a.num_kv_heads, p.head_groups, p.cluster)) {}
+  /// Item of pair item `q` (pair q / per, the rest q % per): its first tile's.
+  __device__ int pair_item(const Sm90Params& p, int q) const {
+    int pair, r;
+    p.item_div.per_entry.fast_divmod(pair, r, q);
+    return (2 * pair) * p.item_div.per_entry.divisor + r;
+  }
+  __device__ int begin(const Sm90Params& p) const { return pair_item(p, first); }
+  /// The item after `item`: the pair's second tile, else the next pair item's first.
+  __device__ int next(const Sm90Params& p, int item) const {
+    int entry, r;
+    p.item_div.per_entry.fast_divmod(entry, r, item);
+    const int per = p.item_div.per_entry.divisor;
+    if ((entry & 1) == 0) return item + per;
+    return pair_item(p, (entry >> 1) * per + r + stride);
+  }
   /// Item `item`'s plan entry (schedule.cuh), or zeros past the walk. Each role loads
   /// the next item's entry as it starts an item, so the load's latency hides behind it.
   __device__ int4 entry(const Sm90Params& p, int item) const {

@@ -88,10 +88,11 @@ struct Producer {
     // item), except in the two fp8 producer warpgroups, whose 56 registers it spills:
     // they load an item's entry as it starts.
     constexpr bool kPrefetch = Pol::kProducerWarpgroups == 1;
-    int4 next = kPrefetch ? walk.entry(p, walk.first) : make_int4(0, 0, 0, 0);
-    for (int item = walk.first; item < walk.total; item += walk.stride) {
+    int4 next = kPrefetch ? walk.entry(p, walk.begin(p)) : make_int4(0, 0, 0, 0);
+    for (int item = walk.begin(p); item < walk.total; item = walk.next(p, item)) {
       const QueryTile t = walk.template tile<BN>(p, item, kPrefetch ? next : walk.entry(p, item));
-      if (kPrefetch) next = walk.entry(p, item + walk.stride);
+      if (kPrefetch) next = walk.entry(p, walk.next(p, item));
+      if (t.n_tok <= 0) continue;  // a pair's missing tile (schedule.cuh plan_kernel)
       const int n = t.keys.end - t.keys.begin;
       if (n <= 0) continue;  // the consumers write zeros without reading anything
       const auto next_q = [&] {

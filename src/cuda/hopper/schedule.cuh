@@ -1,8 +1,8 @@
 // The persistent grid's work: query tiles (request b, the m-th tile of its tokens, KV head,
-// head group), ordered longest first across the whole batch by a one-CTA plan kernel that
-// writes them into the caller's workspace. The producer and the consumers of a CTA walk the
-// same sequence (item blockIdx.x, + gridDim.x, ...), so they agree on every tile without
-// talking.
+// head group), paired within each request and ordered longest pair first across the whole
+// batch by a one-CTA plan kernel that writes them into the caller's workspace. The
+// producer and the consumers of a CTA walk the same sequence (params.cuh Walk), so they
+// agree on every tile without talking.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -79,15 +79,26 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0,
   return k;
 }
 
-/// One CTA of kPlanThreads: tiles per request, their prefix, then a counting sort of all
-/// tiles by descending KV-tile count (bucketed; order within a bucket is free: every tile
-/// is computed whole by one CTA, so the result does not depend on it), written as plan
-/// entries: int4 {b, q_row0, rest, L}, request b, the q / out row of the tile's first
-/// token, the request's query tokens from that token on (> 0) and its KV length (>= 0).
-/// Everything an item needs of its request, so that the kernels read one 16-byte entry
-/// per item and nothing that depends on it (cu_seqlens_q, seq_lens; the consumers had
-/// waited out two dependent global round trips at every item: ncu, H200 2026-12-03
-/// s10run3, 16 x 1k).
+/// One CTA of kPlanThreads: the plan of the persistent grid, written into the workspace.
+/// A request of n query tiles (m = 0 .. n - 1, later tiles see more keys under a causal
+/// mask) gives ceil(n / 2) pairs: tile n - 1 - j, then tile j (none for the middle tile
+/// of an odd n). A CTA runs the two tiles of a pair back to back, so under a causal mask
+/// every pair of a request costs about the same: a grid walking the pairs round-robin
+/// stays balanced while the pairs of one request (and so its K / V) run together. Sorted
+/// by the tiles' key count alone (each round on equal tiles of every request), 16
+/// requests of 1k at D = 256 re-read K / V from DRAM for every round: 2.35 TB/s of DRAM
+/// traffic, twice the bytes the problem has, and an 18% L2 hit rate (ncu, H100
+/// 2026-12-06 s27run4; FA3 dense on the same problem: 65%, its scheduler runs the query
+/// tiles of a few heads together).
+/// Steps: pairs per request, their prefix, then a counting sort of the pairs by
+/// descending KV-tile count (bucketed; order within a bucket is free: every tile is
+/// computed whole by one CTA, so the result does not depend on it), written as two plan
+/// entries each: int4 {b, q_row0, rest, L}, request b, the q / out row of the tile's
+/// first token, the request's query tokens from that token on (> 0; 0 for the missing
+/// tile of a pair: nothing to run) and its KV length (>= 0). Everything an item needs of
+/// its request, so that the kernels read one 16-byte entry per item and nothing that
+/// depends on it (cu_seqlens_q, seq_lens; the consumers had waited out two dependent
+/// global round trips at every item: ncu, H200 2026-12-03 s10run3, 16 x 1k).
 template <int kThreads, int kBuckets, int kBN>
 __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char* workspace) {
   using Scan = cub::BlockScan<int, kThreads>;
@@ -98,19 +109,19 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
   int* prefix = reinterpret_cast<int*>(workspace + PlanLayout::prefix_offset());
   int4* list = reinterpret_cast<int4*>(workspace + PlanLayout::list_offset(s.batch));
   const int tid = threadIdx.x;
+  const auto tiles_of = [&](int b) {
+    const int n = s.cu_seqlens_q[b + 1] - s.cu_seqlens_q[b];
+    return n > 0 ? (n + s.tokens - 1) / s.tokens : 0;
+  };
 
-  // 1. prefix[b] = tiles of requests before b.
+  // 1. prefix[b] = pairs of requests before b.
   if (tid == 0) carry = 0;
   __syncthreads();
   for (int base = 0; base < s.batch; base += kThreads) {
     const int b = base + tid;
-    int tiles = 0;
-    if (b < s.batch) {
-      const int n = s.cu_seqlens_q[b + 1] - s.cu_seqlens_q[b];
-      tiles = n > 0 ? (n + s.tokens - 1) / s.tokens : 0;
-    }
+    const int pairs = b < s.batch ? (tiles_of(b) + 1) / 2 : 0;
     int excl, total;
-    Scan(scan_tmp).ExclusiveSum(tiles, excl, total);
+    Scan(scan_tmp).ExclusiveSum(pairs, excl, total);
     if (b < s.batch) prefix[b] = carry + excl;
     __syncthreads();
     if (tid == 0) carry += total;
@@ -121,26 +132,32 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
   for (int i = tid; i < kBuckets; i += kThreads) bucket[i] = 0;
   __syncthreads();
 
-  // Tile i -> (b, m) by a binary search of the prefix; its bucket (0 = most KV tiles).
-  auto locate = [&](int i, int& b, int& m) {
+  // Pair i -> request b and its tiles m0 (the later) and m1 (-1: none) by a binary search
+  // of the prefix; its bucket (0 = most KV tiles).
+  auto locate = [&](int i, int& b, int& m0, int& m1) {
     int lo = 0, hi = s.batch - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
       if (prefix[mid] <= i) lo = mid; else hi = mid - 1;
     }
     b = lo;
-    m = i - prefix[b];
+    const int j = i - prefix[b], tiles = tiles_of(b);
+    m0 = tiles - 1 - j;
+    m1 = j < m0 ? j : -1;
     const int n = s.cu_seqlens_q[b + 1] - s.cu_seqlens_q[b];
     const int L = s.seq_lens[b] > 0 ? s.seq_lens[b] : 0;
-    const int rest = n - m * s.tokens;
-    const TileKeys k = tile_keys<kBN>(s, L, L - rest, rest < s.tokens ? rest : s.tokens);
-    const int cost = k.end - k.begin;
-    return kBuckets - 1 - (cost < kBuckets - 1 ? cost : kBuckets - 1);
+    const auto cost = [&](int m) {
+      const int rest = n - m * s.tokens;
+      const TileKeys k = tile_keys<kBN>(s, L, L - rest, rest < s.tokens ? rest : s.tokens);
+      return k.end - k.begin;
+    };
+    const int c = cost(m0) + (m1 >= 0 ? cost(m1) : 0);
+    return kBuckets - 1 - (c < kBuckets - 1 ? c : kBuckets - 1);
   };
   // 2. histogram, 3. bucket offsets, 4. scatter.
   for (int i = tid; i < total; i += kThreads) {
-    int b, m;
-    atomicAdd(&bucket[locate(i, b, m)], 1);
+    int b, m0, m1;
+    atomicAdd(&bucket[locate(i, b, m0, m1)], 1);
   }
   __syncthreads();
   constexpr int kPer = kBuckets / kThreads;
@@ -154,13 +171,15 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
   for (int j = 0; j < kPer; ++j) bucket[tid * kPer + j] = v[j];
   __syncthreads();
   for (int i = tid; i < total; i += kThreads) {
-    int b, m;
-    const int key = locate(i, b, m);
+    int b, m0, m1;
+    const int key = locate(i, b, m0, m1);
     const int q0 = s.cu_seqlens_q[b], n = s.cu_seqlens_q[b + 1] - q0;
-    list[atomicAdd(&bucket[key], 1)] =
-        make_int4(b, q0 + m * s.tokens, n - m * s.tokens, s.seq_lens[b] > 0 ? s.seq_lens[b] : 0);
+    const int L = s.seq_lens[b] > 0 ? s.seq_lens[b] : 0;
+    const int at = 2 * atomicAdd(&bucket[key], 1);
+    list[at] = make_int4(b, q0 + m0 * s.tokens, n - m0 * s.tokens, L);
+    list[at + 1] = m1 >= 0 ? make_int4(b, q0 + m1 * s.tokens, n - m1 * s.tokens, L) : make_int4(b, q0, 0, L);
   }
-  if (tid == 0) *count = total;
+  if (tid == 0) *count = 2 * total;
 }
 
 /// One work item of the persistent grid, everything both roles derive from it.
