@@ -144,9 +144,10 @@ struct PrefillPolicy {
   // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128. At
   // D = 256, whose O accumulator alone is 128 registers per thread, 80 for 16-bit KV by
   // TMA (FA3's tile there; two K and two V stages of 40 KB; boxes of 16 rows, kv_boxes.h
-  // kv_box_rows): +6-7% at gemma 1x16k and 4x4k over 64 keys, but -6% at 16x1k, whose
-  // causal items end mid-tile (H100, 2026-12-06 s27run2: docs/perf-notes/prefill-sm90-loop.md
-  // section 20). The gather and the fp8 conversion keep 64.
+  // kv_box_rows): +5-7% at gemma 1x16k and 4x4k over 64 keys, but -7-13% at 16x1k, whose
+  // causal items end mid-tile (H100, 2026-12-06 s27run2 and s27run6:
+  // docs/perf-notes/prefill-sm90-loop.md sections 20-21). The gather and the fp8
+  // conversion keep 64.
   static constexpr int kBlockN =
       D == 256 ? (KvTma && !Fp8Kv ? PAGEDMHA_SM90_D256_BLOCK_N : 64) : (Fp8Kv ? PAGEDMHA_SM90_FP8_BLOCK_N : 128);
   // fp8 caches at D = 128 with two producer warpgroups: the raw tile (BN x 128 bytes)
