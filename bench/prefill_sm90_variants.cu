@@ -33,6 +33,8 @@ struct Shape {
   int hq, hkv, d, batch, seq, page;
   bool fp8 = false;     // e4m3 K / V
   bool linear = false;  // pages in order: with page >= the key tile, the dense NHD layout
+  int q = 0;            // queries per request, the last q of its seq keys (a chunk over a cached prefix); 0: seq
+  int queries() const { return q > 0 ? q : seq; }
 };
 
 /// With PREFILL_VARIANTS_DUMP=<dir>: every 61st output value (fp32) of the shape to
@@ -52,7 +54,8 @@ void dump_output(const Shape& s, const __nv_bfloat16* o, int64_t n, const float*
   for (int64_t i = 0; i < n; i += 61) sample.push_back(__bfloat162float(h[i]));
   CHECK(cudaMemcpy(l.data(), lse, n_lse * 4, cudaMemcpyDeviceToHost));
   const std::string path = std::string(dump_dir()) + "/" + g_variant + "-" + s.model + "-" + std::to_string(s.batch) +
-                           "x" + std::to_string(s.seq) + "-p" + std::to_string(s.page) + (s.linear ? "-inorder" : "") +
+                           "x" + std::to_string(s.seq) + (s.q > 0 ? "-q" + std::to_string(s.q) : "") + "-p" +
+                           std::to_string(s.page) + (s.linear ? "-inorder" : "") +
                            "-" + (s.fp8 ? "fp8" : "bf16");
   for (const auto& [name, v] : {std::pair{path + ".bin", &sample}, std::pair{path + ".lse.bin", &l}}) {
     if (FILE* f = std::fopen(name.c_str(), "wb")) {
@@ -66,8 +69,8 @@ template <int D, bool kFp8>
 double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   using KV = std::conditional_t<kFp8, __nv_fp8_e4m3, __nv_bfloat16>;
   constexpr int64_t kv_es = sizeof(KV);
-  const int B = s.batch, S = s.seq, P = s.page;
-  const int64_t rows = int64_t{B} * S;
+  const int B = s.batch, S = s.seq, P = s.page, Q = s.queries();
+  const int64_t rows = int64_t{B} * Q;
   const int pages_per_req = (S + P - 1) / P;
   const int64_t num_pages = int64_t{B} * pages_per_req + 1;
   const int64_t slots = num_pages * P;
@@ -83,7 +86,7 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   std::vector<int32_t> table(int64_t{B} * pages_per_req), lens(B, S), cu(B + 1);
   std::iota(table.begin(), table.end(), 1);
   if (!s.linear) std::shuffle(table.begin(), table.end(), std::mt19937(7));  // random page order
-  for (int b = 0; b <= B; ++b) cu[b] = b * S;
+  for (int b = 0; b <= B; ++b) cu[b] = b * Q;
   int32_t *d_table, *d_lens, *d_cu;
   CHECK(cudaMalloc(&d_table, table.size() * 4));
   CHECK(cudaMalloc(&d_lens, B * 4));
@@ -108,7 +111,7 @@ double run_shape(const Shape& s, int sms, cudaStream_t stream) {
   p.batch = B;
   p.num_rows = static_cast<int>(rows);
   p.cu_seqlens_q = d_cu;
-  p.max_q_len = S;
+  p.max_q_len = Q;
   p.sinks = std::string(s.model) == "gpt-oss" ? sinks : nullptr;
   p.workspace = ws;
   p.workspace_bytes = ws_bytes;
@@ -150,6 +153,11 @@ const Shape kShapes[] = {
     // dense's and cuDNN's layout: what paging itself costs.
     {"llama3-8b", 32, 8, 128, 1, 16384, 16, false, true}, {"llama3-8b", 32, 8, 128, 1, 16384, 256, false, true},
     {"llama3-8b", 32, 8, 128, 4, 4096, 256, false, true},
+    // 19-22: chunked prefill, 2k-query chunks over 8k keys (the benchmark's chunked batch),
+    // and the Mooncake replay's TP-8 extend (8k queries over 16k keys, fp8).
+    {"llama3-8b", 32, 8, 128, 8, 8192, 16, false, false, 2048}, {"gpt-oss", 64, 8, 64, 8, 8192, 16, false, false, 2048},
+    {"gemma", 16, 8, 256, 8, 8192, 16, false, false, 2048},
+    {"gpt-oss-tp8", 8, 1, 64, 1, 16384, 16, true, false, 8192},
 };
 
 }  // namespace
@@ -160,16 +168,18 @@ int main(int argc, char** argv) {
     const double us = s.d == 256   ? run_shape<256, false>(s, sms, stream)
                       : s.d == 128 ? (s.fp8 ? run_shape<128, true>(s, sms, stream) : run_shape<128, false>(s, sms, stream))
                                    : (s.fp8 ? run_shape<64, true>(s, sms, stream) : run_shape<64, false>(s, sms, stream));
-    const double pairs = double(s.batch) * s.seq * (s.seq + 1) / 2.0;
+    // Causal, bottom-right: query i of the last q sees seq - q + i + 1 keys.
+    const double q = s.queries();
+    const double pairs = double(s.batch) * (q * (s.seq - q) + q * (q + 1) / 2.0);
     const double tflops = us > 0 ? 4.0 * s.hq * s.d * pairs / (us * 1e-6) / 1e12 : 0.0;
-    std::printf("%-24s %-10s %2dx%-6d p%-3d%s %-4s %10.1f us %8.1f TFLOP/s\n", argv[1], s.model, s.batch, s.seq, s.page,
-                s.linear ? " in order" : "", s.fp8 ? "fp8" : "bf16", us, tflops);
+    std::printf("%-24s %-10s %2dx%-6d q%-6d p%-3d%s %-4s %10.1f us %8.1f TFLOP/s\n", argv[1], s.model, s.batch, s.seq,
+                s.queries(), s.page, s.linear ? " in order" : "", s.fp8 ? "fp8" : "bf16", us, tflops);
     if (out) {
       std::fprintf(out,
                    "{\"op\": \"prefill\", \"impl\": \"pagedmha-variant\", \"variant\": \"%s\", \"model\": \"%s\", "
                    "\"batch\": %d, \"ctx\": %d, \"q_len\": %d, \"page_size\": %d, \"page_order\": \"%s\", "
                    "\"kv_dtype\": \"%s\", \"time_us\": %.2f, \"tflops\": %.2f}\n",
-                   argv[1], s.model, s.batch, s.seq, s.seq, s.page, s.linear ? "in order" : "random",
+                   argv[1], s.model, s.batch, s.seq, s.queries(), s.page, s.linear ? "in order" : "random",
                    s.fp8 ? "fp8_e4m3" : "bf16", us, tflops);
     }
   });

@@ -412,17 +412,20 @@ def variants_section(name: str, doc: dict) -> List[str]:
                      "diagnostic variants leave work out and are not correct kernels.\n")
     metric, digits = ("tbps", 2) if decode else ("tflops", 0)
     # page_order: "random" (the default), "in order" or "dense" (a peer's dense cache, no pages).
-    key = lambda r: (r.get("model"), r.get("batch"), r.get("ctx"), r.get("page_size"),  # noqa: E731
-                     r.get("kv_dtype", "bf16"), r.get("window_left", -1), r.get("page_order", "random"))
+    # q_len: queries per request where it differs from ctx (a chunk over a cached prefix).
+    key = lambda r: (r.get("model"), r.get("batch"), r.get("ctx"), r.get("q_len", r.get("ctx")),  # noqa: E731
+                     r.get("page_size"), r.get("kv_dtype", "bf16"), r.get("window_left", -1),
+                     r.get("page_order", "random"))
     variants = list(dict.fromkeys(r.get("variant") for r in recs))
     shapes = list(dict.fromkeys(key(r) for r in recs))
     by = {(r.get("variant"), *key(r)): r for r in recs}
     rows = []
-    for m, b, c, pg, kv, w, order in shapes:
-        label = f"{m} {b} x {_len(c)} " + ("dense" if order == "dense" else f"p{pg}") + \
+    for m, b, c, q, pg, kv, w, order in shapes:
+        label = f"{m} {b} x {_len(c)} " + (f"q{_len(q)} " if q is not None and q != c and not decode else "") + \
+            ("dense" if order == "dense" else f"p{pg}") + \
             (" in order" if order == "in order" else "") + (f" {kv}" if kv != "bf16" else "") + \
             (f" w{w}" if w is not None and w >= 0 else "")
-        rows.append([label, *[_num((by.get((v, m, b, c, pg, kv, w, order)) or {}).get(metric), digits)
+        rows.append([label, *[_num((by.get((v, m, b, c, q, pg, kv, w, order)) or {}).get(metric), digits)
                               for v in variants]])
     parts.append(table(["shape", *[str(v) for v in variants]], rows) if rows else "No records.\n")
     cmp = [c for c in doc.get("compare") or [] if isinstance(c, dict)]
