@@ -151,7 +151,8 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
       const TileKeys k = tile_keys<kBN>(s, L, L - rest, rest < s.tokens ? rest : s.tokens);
       return k.end - k.begin;
     };
-    const int c = cost(m0) + (m1 >= 0 ? cost(m1) : 0);
+    const int c = kPlanRequestOrder ? cost(tiles - 1) + (tiles > 1 ? cost(0) : 0)
+                                    : cost(m0) + (m1 >= 0 ? cost(m1) : 0);
     return kBuckets - 1 - (c < kBuckets - 1 ? c : kBuckets - 1);
   };
   // 2. histogram, 3. bucket offsets, 4. scatter.
@@ -170,14 +171,32 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
 #pragma unroll
   for (int j = 0; j < kPer; ++j) bucket[tid * kPer + j] = v[j];
   __syncthreads();
-  for (int i = tid; i < total; i += kThreads) {
-    int b, m0, m1;
-    const int key = locate(i, b, m0, m1);
+  const auto write = [&](int at, int b, int m0, int m1) {
     const int q0 = s.cu_seqlens_q[b], n = s.cu_seqlens_q[b + 1] - q0;
     const int L = s.seq_lens[b] > 0 ? s.seq_lens[b] : 0;
-    const int at = 2 * atomicAdd(&bucket[key], 1);
-    list[at] = make_int4(b, q0 + m0 * s.tokens, n - m0 * s.tokens, L);
-    list[at + 1] = m1 >= 0 ? make_int4(b, q0 + m1 * s.tokens, n - m1 * s.tokens, L) : make_int4(b, q0, 0, L);
+    list[2 * at] = make_int4(b, q0 + m0 * s.tokens, n - m0 * s.tokens, L);
+    list[2 * at + 1] = m1 >= 0 ? make_int4(b, q0 + m1 * s.tokens, n - m1 * s.tokens, L) : make_int4(b, q0, 0, L);
+  };
+  if constexpr (kPlanRequestOrder) {
+    // Whole warps in step: the lanes of one bucket take consecutive places in lane (so
+    // pair) order, through one atomic by the group's first lane.
+    for (int base = 0; base < total; base += kThreads) {
+      const int i = base + tid, lane = tid & 31;
+      int b = 0, m0 = 0, m1 = -1, key = -1;
+      if (i < total) key = locate(i, b, m0, m1);
+      const unsigned same = __match_any_sync(0xffffffffu, key);
+      const int leader = __ffs(same) - 1;
+      int first = 0;
+      if (i < total && lane == leader) first = atomicAdd(&bucket[key], __popc(same));
+      first = __shfl_sync(0xffffffffu, first, leader);
+      if (i < total) write(first + __popc(same & ((1u << lane) - 1u)), b, m0, m1);
+    }
+  } else {
+    for (int i = tid; i < total; i += kThreads) {
+      int b, m0, m1;
+      const int key = locate(i, b, m0, m1);
+      write(atomicAdd(&bucket[key], 1), b, m0, m1);
+    }
   }
   if (tid == 0) *count = 2 * total;
 }

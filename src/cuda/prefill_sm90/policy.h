@@ -35,7 +35,8 @@
 // TMA loads only producer warp 0 polls a stage's empty barrier (kProducerWaitOne).
 // PAGEDMHA_SM90_MASK_SPLIT=1: an item's tiles in masked / interior / masked loops
 // (kMaskSplit). PAGEDMHA_SM90_D256_BLOCK_N=64: the earlier 128 x 64 tiles at D = 256
-// for 16-bit KV by TMA (the default is 80: kBlockN).
+// for 16-bit KV by TMA (the default is 80: kBlockN). PAGEDMHA_SM90_PLAN_ORDER=1: the
+// plan keeps a request's pairs of query tiles together (kPlanRequestOrder).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -104,6 +105,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_PRODUCER_WAIT_ONE
 #define PAGEDMHA_SM90_PRODUCER_WAIT_ONE 0
+#endif
+#ifndef PAGEDMHA_SM90_PLAN_ORDER
+#define PAGEDMHA_SM90_PLAN_ORDER 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -353,5 +357,11 @@ struct PlanLayout {
 /// ones share the last bucket).
 constexpr int kPlanBuckets = 2048;
 constexpr int kPlanThreads = 1024;
+/// Knob (off; docs/perf-notes/prefill-sm90-loop.md section 22): every pair of query tiles
+/// of a request takes its request's first pair's bucket, and the pairs of one bucket take
+/// their places in pair order within each warp of the plan CTA, so that a request's
+/// pairs stay adjacent in the list (its K / V read by them together) where their costs
+/// differ by a tile or the shared-memory atomics would interleave them.
+constexpr bool kPlanRequestOrder = PAGEDMHA_SM90_PLAN_ORDER != 0;
 
 }  // namespace pagedmha::cuda::sm90
