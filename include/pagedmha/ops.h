@@ -117,7 +117,7 @@ std::size_t decode_workspace_size(Device device, int64_t batch, int q_len_per_re
 ///    prefix length is L - n. n > L makes the first n - L queries see no key.
 /// max_q_len: host upper bound of the query lengths (never read from the device).
 /// workspace: uint8 bytes, at least prefill_workspace_size(device, batch, total_q) (the
-///    longest-first tile plan of the Hopper kernel, written on the device); may be
+///    longest-first plan of query-tile pairs of the Hopper kernel, written on the device); may be
 ///    undefined when that size is 0 (always on the CPU).
 /// Other arguments as batch_decode. params.causal selects bottom-right causal masking.
 void batch_prefill(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,

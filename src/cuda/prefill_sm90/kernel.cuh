@@ -1,5 +1,5 @@
 // The Hopper prefill / extend kernel: a persistent grid (one CTA per SM, clusters of two
-// when they can share K / V) walking the plan's query tiles longest first; per CTA one
+// when they can share K / V) walking the plan's pairs of query tiles longest first; per CTA one
 // producer warpgroup (two for fp8 caches: producer.cuh) and two or three consumer
 // warpgroups (consumer.cuh) with
 // setmaxnreg moving registers to the consumers. Shapes and heuristics: policy.h.

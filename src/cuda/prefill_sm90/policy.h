@@ -341,20 +341,21 @@ inline bool q_tma_ok(bool fp8_q, int64_t row_stride_bytes, int64_t head_stride_b
   return a16(row_stride_bytes) && a16(head_stride_bytes) && rows < (int64_t{1} << 31);
 }
 
-/// Workspace of the plan (all offsets 16-byte aligned): the count of query tiles, the
-/// per-request tile prefix, then the tiles in the order to run them (16-byte entries:
-/// hopper/schedule.cuh).
+/// Workspace of the plan (all offsets 16-byte aligned): the count of entries, the
+/// per-request pair prefix, then the pairs of query tiles in the order to run them (two
+/// 16-byte entries each: hopper/schedule.cuh).
 struct PlanLayout {
   static constexpr int64_t kHeader = 16;
   PAGEDMHA_HD static int64_t prefix_offset() { return kHeader; }
   PAGEDMHA_HD static int64_t list_offset(int64_t batch) { return kHeader + ((4 * (batch + 1) + 15) / 16) * 16; }
-  /// Bytes for `batch` requests and `total_q` query rows (a request of n queries has at
-  /// most ceil(n / tokens) <= n + 1 tiles), whatever the head geometry.
+  /// Bytes for `batch` requests and `total_q` query rows (a request of n >= 1 queries has
+  /// t = ceil(n / tokens) <= n tiles in 2 ceil(t / 2) <= n + 1 entries: a pair's missing
+  /// partner is the + 1), whatever the head geometry.
   PAGEDMHA_HD static int64_t bytes(int64_t batch, int64_t total_q) { return list_offset(batch) + 16 * (total_q + batch); }
 };
 
-/// Cost buckets of the longest-first tile order (KV tiles a query tile reads; longer
-/// ones share the last bucket).
+/// Cost buckets of the longest-first order (KV tiles a pair of query tiles reads; longer
+/// pairs share the last bucket).
 constexpr int kPlanBuckets = 2048;
 constexpr int kPlanThreads = 1024;
 /// Knob (off; docs/perf-notes/prefill-sm90-loop.md section 22): every pair of query tiles

@@ -103,8 +103,9 @@ TEST(PrefillSm90Policy, EveryInstantiationFitsSharedMemoryAndRegisters) {
 // The plan workspace (PlanLayout) against the size include/pagedmha/ops.h documents for
 // prefill_workspace_size: 16 + 16 * ceil((batch + 1) / 4) + 16 * (total_q + batch) bytes,
 // the entries (16 bytes each, hopper/schedule.cuh) 16-byte aligned after the count and the
-// per-request prefix, and room for the most query tiles a step can have (one token per
-// tile and one partial tile per request: total_q + batch).
+// per-request prefix, and room for the most entries a step can have (one token per tile,
+// each request's tiles in pairs, an odd count's last pair with an empty partner:
+// total_q + batch).
 TEST(PrefillSm90Policy, PlanWorkspaceMatchesTheDocumentedSize) {
   using pagedmha::cuda::sm90::PlanLayout;
   for (const int64_t batch : {1, 2, 3, 4, 5, 255, 256, 1000}) {
