@@ -53,9 +53,13 @@ TEST(PrefillSm90Policy, LayoutsWorkedOutByHand) {
   // D = 64, fp8: two consumer and two producer warpgroups, Q 16 KB, staging 4 x 8 KB (a
   // raw row is half a panel row: no conversion in place): two Q leave 10 tiles -> 4, 4.
   expect_layout(layout_of<PrefillPolicy<64, true, true>>(), {2, 2, 2, 4, 4, 197888, 56, 200}, "D64 fp8");
-  // D = 256: Q 64 KB, tiles of 64 keys 32 KB; two Q leave 3 tiles -> one Q, 5 tiles: K 2,
-  // V 3 (1024 + 64 KB + 5 x 32 KB + 256 = 230,656).
-  expect_layout(layout_of<PrefillPolicy<256, false, true>>(), {2, 1, 1, 2, 3, 230656, 72, 216}, "D256 bf16");
+  // D = 256, 16-bit by TMA: Q 64 KB, tiles of 80 keys 40 KB; two Q leave 2 tiles -> one
+  // Q, 165,632 B = 4 tiles: K 2, V 2 (1024 + 64 KB + 4 x 40 KB + 256 = 230,656). 384
+  // threads x 168 = 64,512 registers: 128 x 56 for the producer, 256 x 224.
+  expect_layout(layout_of<PrefillPolicy<256, false, true>>(), {2, 1, 1, 2, 2, 230656, 56, 224}, "D256 bf16 tma");
+  // The gather keeps tiles of 64 keys, 32 KB: one Q, 5 tiles: K 2, V 3 (1024 + 64 KB +
+  // 5 x 32 KB + 256 = 230,656), 72 / 216 registers.
+  expect_layout(layout_of<PrefillPolicy<256, false, false>>(), {2, 1, 1, 2, 3, 230656, 72, 216}, "D256 bf16 gather");
   // D = 256, fp8: two 16 KB staging slots (one producer warpgroup): one Q leaves 4 tiles.
   expect_layout(layout_of<PrefillPolicy<256, true, true>>(), {2, 1, 1, 2, 2, 230656, 72, 216}, "D256 fp8");
 }
