@@ -157,8 +157,7 @@ struct Consumer {
   /// S has NS = BN / 8 fragments, or BN / 16 where no row sees a key of the tile's upper
   /// half (first_step): S and the softmax then cover its first BN / 2 keys and P's
   /// upper half is 0 (the P V is whole).
-  /// kMask false: a tile inside the keys every row sees (no mask code at all).
-  template <bool pv, bool kFirst, bool kMask, int NS, class OnPv>
+  template <bool pv, bool kFirst, int NS, class OnPv>
   __device__ __forceinline__ void kv_step(const Variant& var, float (&s)[NS][4], uint32_t (&pa)[BN / 16][4],
                                           float (&o)[D / 8][4], float (&alpha)[2], SoftmaxRows& smx,
                                           const QueryTile& t, int tile, int q_slot, bool last, KPipe& ks, VPipe& vs,
@@ -186,7 +185,7 @@ struct Consumer {
     ks.advance();
     constexpr bool kSpec = Pol::kSpecSoftmax && !kFirst;
     if (!kSpec && last) release_q(q_slot);
-    softmax<kSpec, kMask>(var, s, tile * BN, t, smx, alpha, q_slot,
+    softmax<kSpec>(var, s, tile * BN, t, smx, alpha, q_slot,
                    [&](bool ok) { arrive_if(sm.q_empty(q_slot), ok && last && (ltid & 31) == 0); });
     if constexpr (pv) {
       cute::warpgroup_wait<0>();  // the pending P V
@@ -210,12 +209,12 @@ struct Consumer {
                                              int n, int q_slot, KPipe& ks, VPipe& vs) const {
     const auto step = [&](auto& sx) {
       if (pending) {
-        kv_step<true, true, true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [&] {
+        kv_step<true, true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [&] {
           epilogue(var, prev, o, done);
           zero(o);
         });
       } else {
-        kv_step<false, true, true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [] {});
+        kv_step<false, true>(var, sx, pa, o, alpha, smx, t, t.keys.end - 1, q_slot, n == 1, ks, vs, [] {});
       }
     };
     if (t.keys.span_hi - (t.keys.end - 1) * BN <= BN / 2) {
@@ -294,31 +293,8 @@ struct Consumer {
       }
       wait(sm.q_full(qs.slot), qs.phase);
       first_step(var, s, pa, o, alpha, smx, done, prev, pending, t, n, qs.slot, ks, vs);
-      // The other tiles (tile end - 1 - j); with Pol::kMaskSplit in three flat loops: those
-      // reaching past the keys every row sees (the causal diagonal), the interior, whose
-      // loop holds no mask code (the jump over it cost instruction-fetch stalls on every
-      // step: docs/perf-notes/prefill-sm90-schedule.md section 17), and those before it
-      // (a window's edge). Interior tiles: [tlo, thi).
-      int j1 = n, j2 = n;
-      if constexpr (Pol::kMaskSplit) {
-        const int tlo = (t.keys.common_lo + BN - 1) / BN, thi = t.keys.common_hi / BN;
-        j1 = max(1, min(n, t.keys.end - thi));
-        j2 = max(j1, min(n, t.keys.end - tlo));
-      }
-      int j = 1;
-      for (; j < j1; ++j) {
-        kv_step<true, false, true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs,
-                                   [] {});
-      }
-      if constexpr (Pol::kMaskSplit) {
-        for (; j < j2; ++j) {
-          kv_step<true, false, false>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs,
-                                      [] {});
-        }
-        for (; j < n; ++j) {
-          kv_step<true, false, true>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs,
-                                     [] {});
-        }
+      for (int j = 1; j < n; ++j) {
+        kv_step<true, false>(var, s, pa, o, alpha, smx, t, t.keys.end - 1 - j, qs.slot, j == n - 1, ks, vs, [] {});
       }
       qs.advance();
       pending = true;
@@ -335,15 +311,14 @@ struct Consumer {
   /// (SoftmaxRows::speculate); where a reference jumps too far the warp recomputes its S
   /// (recompute_s) and takes the plain step. free_q(ok) runs once the warp knows whether
   /// it reads the Q tile again.
-  /// kMask false: the tile lies inside the keys every row sees.
-  template <bool kSpec, bool kMask, int NS, class FreeQ>
+  template <bool kSpec, int NS, class FreeQ>
   __device__ void softmax(const Variant& var, float (&s)[NS][4], int key0, const QueryTile& t, SoftmaxRows& smx,
                           float (&alpha)[2], int q_slot, FreeQ free_q) const {
     if constexpr (PAGEDMHA_SM90_DIAG == 1 || PAGEDMHA_SM90_DIAG == 3) {
       alpha[0] = alpha[1] = 1.0f;
       return;
     }
-    const bool boundary = kMask && !(key0 >= t.keys.common_lo && key0 + 8 * NS <= t.keys.common_hi);
+    const bool boundary = !(key0 >= t.keys.common_lo && key0 + 8 * NS <= t.keys.common_hi);
     float fold = var.transform(s);
     if (boundary) mask(s, key0, t);
     if constexpr (kSpec) {

@@ -304,12 +304,7 @@ struct Producer {
     const int pos = g.box_key(u);
     uint64_t* full = is_v ? sm.v_full(st.slot) : sm.k_full(st.slot);
     char* dst = is_v ? sm.v(st.slot) : sm.k(st.slot);
-    if constexpr (Pol::kProducerWaitOne) {
-      if (tid < 32) wait(is_v ? sm.v_empty(st.slot) : sm.k_empty(st.slot), st.phase ^ 1);
-      named_sync(kBarProducer, 128);  // the others wait here, issuing nothing
-    } else {
-      wait(is_v ? sm.v_empty(st.slot) : sm.k_empty(st.slot), st.phase ^ 1);
-    }
+    wait(is_v ? sm.v_empty(st.slot) : sm.k_empty(st.slot), st.phase ^ 1);
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? static_cast<uint32_t>(R * 128 * kPanels) : 0u);
     if (lane == 0 && bytes > 0) expect_tx(full, bytes);
     __syncwarp();

@@ -31,10 +31,7 @@
 // exponentiates against the current reference while the row maxima are found
 // (consumer.cuh softmax) wherever two consumer warpgroups run, =3 with three too, =0
 // nowhere (the default: fp8 KV at D = 64 and 16-bit KV at D = 128), =2 recomputes S for
-// every tile instead (its rare path, slow). PAGEDMHA_SM90_PRODUCER_WAIT_ONE=1: with 16-bit
-// TMA loads only producer warp 0 polls a stage's empty barrier (kProducerWaitOne).
-// PAGEDMHA_SM90_MASK_SPLIT=1: an item's tiles in masked / interior / masked loops
-// (kMaskSplit). PAGEDMHA_SM90_D256_BLOCK_N=64: the earlier 128 x 64 tiles at D = 256
+// every tile instead (its rare path, slow). PAGEDMHA_SM90_D256_BLOCK_N=64: the earlier 128 x 64 tiles at D = 256
 // for 16-bit KV by TMA (the default is 80: kBlockN). PAGEDMHA_SM90_PLAN_ORDER=1: the
 // plan keeps a request's pairs of query tiles together (kPlanRequestOrder).
 #ifndef PAGEDMHA_SM90_PINGPONG
@@ -97,14 +94,8 @@
 #ifndef PAGEDMHA_SM90_SPEC_SOFTMAX
 #define PAGEDMHA_SM90_SPEC_SOFTMAX -1
 #endif
-#ifndef PAGEDMHA_SM90_MASK_SPLIT
-#define PAGEDMHA_SM90_MASK_SPLIT 0
-#endif
 #ifndef PAGEDMHA_SM90_D256_BLOCK_N
 #define PAGEDMHA_SM90_D256_BLOCK_N 80
-#endif
-#ifndef PAGEDMHA_SM90_PRODUCER_WAIT_ONE
-#define PAGEDMHA_SM90_PRODUCER_WAIT_ONE 0
 #endif
 #ifndef PAGEDMHA_SM90_PLAN_ORDER
 #define PAGEDMHA_SM90_PLAN_ORDER 0
@@ -233,21 +224,11 @@ struct PrefillPolicy {
   // no difference out of the noise (s23run2). The same results either way, by
   // construction (GpuPrefill.OverflowingLogitsNeverNaN runs both forms).
   static constexpr bool kSoftmaxOneCopy = D == 128;
-  // With 16-bit TMA loads all four producer warps poll each stage's empty barrier before
-  // issuing their boxes: ncu counted 92 M spinning producer instructions beside 161 M of
-  // work at llama3-8b 1 x 16k (s22run1), each producer warp on a sub-partition beside
-  // two consumer warps. The knob lets warp 0 poll and the others wait at the producer's
-  // named barrier (experiment: docs/perf-notes/prefill-sm90-loop.md section 19).
-  static constexpr bool kProducerWaitOne = PAGEDMHA_SM90_PRODUCER_WAIT_ONE != 0;
-  // An item's tiles after its first in three loops, masked / interior / masked, the
-  // interior's softmax without mask code: by ptxas's stall counts the D = 128 loop's
-  // common path loses a 4.6 KB jump over the mask block (455 instructions / 950 stall
-  // cycles against 465 / 975; D = 64 430 / 1,121 against 439 / 1,149), the objects grow
-  // by three copies of the step. An experiment until the GPU suite and the A/B have run
-  // (docs/perf-notes/prefill-sm90-loop.md section 20).
-  static constexpr bool kMaskSplit = PAGEDMHA_SM90_MASK_SPLIT != 0;
-  // Not here: waiting for V_j after issuing Q K_{j+1}^T instead of before it (-1 to -6%
-  // on every shape, s13run1); every r-th S fragment exponentiated by a polynomial on the
+  // Not here: an item's tiles in masked / interior / masked loops, the interior without
+  // mask code (no gain: H100 s27run1, 2 and 6, docs/perf-notes/prefill-sm90-loop.md
+  // section 20; the one loop skips an interior tile's mask at run time); only producer
+  // warp 0 polling a stage's empty barrier (no gain, same runs); waiting for V_j after
+  // issuing Q K_{j+1}^T instead of before it (-1 to -6% on every shape, s13run1); every r-th S fragment exponentiated by a polynomial on the
   // FMA pipe instead of the MUFU (r = 8 / 4 / 2: up to -6 / -11 / -21%, s14run2); the
   // row sums by wgmma against a block of ones instead of an FADD per probability (-2 to
   // -7%, and lse off by up to 4e-3 from bf16 P, s14run3); the producer issuing V_j
