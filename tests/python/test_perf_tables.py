@@ -576,6 +576,24 @@ def test_variants_keep_page_orders_apart(tmp_path):
     assert "| llama3-8b 1 x 16k dense | - | 660 |" in text
 
 
+def test_variants_keep_chunks_apart_from_whole_prompts(tmp_path):
+    # A 2k-query chunk over 8k keys and an 8k prompt of the same batch are two rows.
+    base = {"op": "prefill", "impl": "pagedmha-variant", "variant": "default", "model": "gemma", "batch": 8,
+            "ctx": 8192, "page_size": 16, "kv_dtype": "bf16", "time_us": 1.0}
+    recs = [{**base, "q_len": 2048, "tflops": 635.2},
+            {**base, "tflops": 588.0},  # no q_len: an older record, a whole prompt
+            {**base, "batch": 4, "q_len": 8192, "tflops": 601.4}]
+    doc = {"gpu": "NVIDIA H100 80GB HBM3", "commit": "abc123", "command": "bash bench/prefill_variants.sh",
+           "date": "2026-12-06", "records": recs}
+    (tmp_path / "h100-prefill-variants-20261206.json").write_text(json.dumps(doc))
+    out = tmp_path / "performance.md"
+    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| gemma 8 x 8k q2k p16 | 635 |" in text
+    assert "| gemma 8 x 8k p16 | 588 |" in text
+    assert "| gemma 4 x 8k p16 | 601 |" in text  # q_len == ctx: no query count in the label
+
+
 def test_variants_render_the_output_comparison(tmp_path):
     recs = [{"op": "prefill", "impl": "pagedmha-variant", "variant": v, "model": "gemma", "batch": 4, "ctx": 4096,
              "q_len": 4096, "page_size": 16, "kv_dtype": "bf16", "time_us": 1.0, "tflops": t}
