@@ -519,17 +519,17 @@ def test_plot_replay_unwritable_output_names_the_argument(tmp_path):
     assert "-o/--output" in p.stderr and str(out) in p.stderr and "Traceback" not in p.stderr
 
 
+def variants_doc(recs, date, command="bash bench/prefill_variants.sh", gpu="NVIDIA H200", **extra):
+    return {"gpu": gpu, "commit": "abc123", "command": command, "date": date, "records": recs, **extra}
+
+
 def test_variants_file_renders_one_column_per_variant(tmp_path):
     recs = [{"op": "prefill", "impl": "pagedmha-variant", "variant": v, "model": "llama3-8b", "batch": 1,
              "ctx": 16384, "q_len": 16384, "page_size": p, "kv_dtype": "bf16", "time_us": 1.0, "tflops": t}
             for v, p, t in [("default", 16, 442.4), ("cluster1", 16, 359.5), ("default", 64, 446.3)]]
-    doc = {"gpu": "NVIDIA H200", "commit": "abc123", "command": "bash bench/prefill_variants.sh",
-           "date": "2026-12-01", "records": recs}
+    doc = variants_doc(recs, "2026-12-01")
     assert PT.kind_of(doc) == PT.VARIANTS
-    (tmp_path / "h200-prefill-variants-20261201.json").write_text(json.dumps(doc))
-    out = tmp_path / "performance.md"
-    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
-    text = out.read_text()
+    text = render_dir(tmp_path, {"h200-prefill-variants-20261201.json": doc})
     assert "| shape | default | cluster1 |" in text
     assert "| llama3-8b 1 x 16k p16 | 442 | 360 |" in text
     assert "| llama3-8b 1 x 16k p64 | 446 | - |" in text  # no invented number
@@ -537,19 +537,14 @@ def test_variants_file_renders_one_column_per_variant(tmp_path):
 
 def test_variants_keep_fp8_rows_apart_and_decode_reads_tbps(tmp_path):
     base = {"impl": "pagedmha-variant", "model": "llama3-8b", "batch": 1, "page_size": 16, "time_us": 1.0}
-    recs = [{**base, "op": "prefill", "variant": "default", "ctx": 16384, "q_len": 16384, "kv_dtype": kv, "tflops": t}
-            for kv, t in [("bf16", 575.2), ("fp8_e4m3", 401.7)]]
-    doc = {"gpu": "NVIDIA H200", "commit": "abc123", "command": "bash bench/prefill_variants.sh",
-           "date": "2026-12-02", "records": recs}
-    (tmp_path / "h200-prefill-variants-20261202.json").write_text(json.dumps(doc))
-    recs = [{**base, "op": "decode", "variant": v, "ctx": 32768, "q_len": 1, "kv_dtype": "bf16", "window_left": w,
-             "tbps": t} for v, w, t in [("sm90", -1, 3.004), ("portable", -1, 3.301), ("portable", 127, 2.156)]]
-    doc = {"gpu": "NVIDIA H200", "commit": "abc123", "command": "KERNEL=decode bash bench/prefill_variants.sh",
-           "date": "2026-12-02", "records": recs}
-    (tmp_path / "h200-decode-variants-20261202.json").write_text(json.dumps(doc))
-    out = tmp_path / "performance.md"
-    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
-    text = out.read_text()
+    prefill = [{**base, "op": "prefill", "variant": "default", "ctx": 16384, "q_len": 16384, "kv_dtype": kv,
+                "tflops": t} for kv, t in [("bf16", 575.2), ("fp8_e4m3", 401.7)]]
+    decode = [{**base, "op": "decode", "variant": v, "ctx": 32768, "q_len": 1, "kv_dtype": "bf16", "window_left": w,
+               "tbps": t} for v, w, t in [("sm90", -1, 3.004), ("portable", -1, 3.301), ("portable", 127, 2.156)]]
+    text = render_dir(tmp_path, {
+        "h200-prefill-variants-20261202.json": variants_doc(prefill, "2026-12-02"),
+        "h200-decode-variants-20261202.json": variants_doc(decode, "2026-12-02",
+                                                           command="KERNEL=decode bash bench/prefill_variants.sh")})
     assert "| llama3-8b 1 x 16k p16 | 575 |" in text
     assert "| llama3-8b 1 x 16k p16 fp8_e4m3 | 402 |" in text  # not merged into the bf16 row
     assert "| shape | sm90 | portable |" in text
@@ -564,12 +559,7 @@ def test_variants_keep_page_orders_apart(tmp_path):
             {**base, "impl": "pagedmha-variant", "variant": "default", "page_size": 16, "page_order": "in order",
              "tflops": 601.6},
             {**base, "impl": "fa3", "variant": "fa3-dense", "page_size": 0, "page_order": "dense", "tflops": 660.2}]
-    doc = {"gpu": "NVIDIA H200", "commit": "abc123", "command": "bash bench/prefill_variants.sh",
-           "date": "2026-12-05", "records": recs}
-    (tmp_path / "h200-prefill-variants-20261205.json").write_text(json.dumps(doc))
-    out = tmp_path / "performance.md"
-    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
-    text = out.read_text()
+    text = render_dir(tmp_path, {"h200-prefill-variants-20261205.json": variants_doc(recs, "2026-12-05")})
     assert "| shape | default | fa3-dense |" in text
     assert "| llama3-8b 1 x 16k p16 | 590 | - |" in text  # the random order, not overwritten
     assert "| llama3-8b 1 x 16k p16 in order | 602 | - |" in text
@@ -583,12 +573,8 @@ def test_variants_keep_chunks_apart_from_whole_prompts(tmp_path):
     recs = [{**base, "q_len": 2048, "tflops": 635.2},
             {**base, "tflops": 588.0},  # no q_len: an older record, a whole prompt
             {**base, "batch": 4, "q_len": 8192, "tflops": 601.4}]
-    doc = {"gpu": "NVIDIA H100 80GB HBM3", "commit": "abc123", "command": "bash bench/prefill_variants.sh",
-           "date": "2026-12-06", "records": recs}
-    (tmp_path / "h100-prefill-variants-20261206.json").write_text(json.dumps(doc))
-    out = tmp_path / "performance.md"
-    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
-    text = out.read_text()
+    text = render_dir(tmp_path, {"h100-prefill-variants-20261206.json":
+                                 variants_doc(recs, "2026-12-06", gpu="NVIDIA H100 80GB HBM3")})
     assert "| gemma 8 x 8k q2k p16 | 635 |" in text
     assert "| gemma 8 x 8k p16 | 588 |" in text
     assert "| gemma 4 x 8k p16 | 601 |" in text  # q_len == ctx: no query count in the label
@@ -604,12 +590,8 @@ def test_variants_render_the_output_comparison(tmp_path):
             "max_abs_diff": None, "max_abs_ref": 11.0, "nonfinite": 3},
            {"variant": "nobuild", "reference": "default", "file": "gemma-4x4096-p16-bf16.bin", "values": 0,
             "max_abs_diff": None, "max_abs_ref": 2.5, "nonfinite": None, "missing": True}]
-    doc = {"gpu": "NVIDIA H200", "commit": "abc123", "command": "COMPARE=1 bash bench/prefill_variants.sh",
-           "date": "2026-12-05", "records": recs, "compare": cmp}
-    (tmp_path / "h200-prefill-variants-20261205.json").write_text(json.dumps(doc))
-    out = tmp_path / "performance.md"
-    assert PT.main(["--results-dir", str(tmp_path), "--out", str(out)]) == 0
-    text = out.read_text()
+    doc = variants_doc(recs, "2026-12-05", command="COMPARE=1 bash bench/prefill_variants.sh", compare=cmp)
+    text = render_dir(tmp_path, {"h200-prefill-variants-20261205.json": doc})
     assert "Outputs against `default`" in text
     assert "| bn80 | gemma-4x4096-p16-bf16.bin | 0.00391 | 2.5 | 0 |" in text
     assert "| broken | gemma-4x4096-p16-bf16.lse.bin | - | 11 | 3 |" in text  # NaN: no number invented
