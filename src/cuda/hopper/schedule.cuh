@@ -20,9 +20,7 @@ struct TileSpace {
   const int32_t* cu_seqlens_q;
   const int32_t* seq_lens;
   int batch;
-  int tokens;        // tokens per query tile
-  int block_n;        // keys per KV tile (also the kernels' template parameter kBN)
-  int block_n_shift;  // log2(block_n), -1 when not a power of two (tile_keys divides)
+  int tokens;  // tokens per query tile (keys per KV tile: the kernels' template parameter kBN)
   MaskVariant mask;
 };
 
@@ -56,7 +54,7 @@ __device__ __forceinline__ void kv_order(int x, int n, int& j, bool& is_v) {
 }
 
 /// The KV tiles of a query tile of `rows` tokens (1 .. tokens) whose first token is at
-/// position p0 of a request of L keys; kBN = s.block_n.
+/// position p0 of a request of L keys, in KV tiles of kBN keys.
 template <int kBN>
 __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0, int rows) {
   const int64_t q0 = p0, q1 = int64_t{p0} + rows - 1;
@@ -66,15 +64,10 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0,
   if (k.span_hi <= k.span_lo) {
     k.begin = k.end = 0;
   } else {
-    if constexpr ((kBN & (kBN - 1)) != 0) {
-      // A tile that is not a power of two (policy.h PAGEDMHA_SM90_D256_BLOCK_N): a
-      // division by a constant.
-      k.begin = k.span_lo / kBN;  // keys are >= 0
-      k.end = (k.span_hi + kBN - 1) / kBN;
-    } else {
-      k.begin = k.span_lo >> s.block_n_shift;  // keys are >= 0
-      k.end = (k.span_hi + s.block_n - 1) >> s.block_n_shift;
-    }
+    // Keys are >= 0: unsigned division by the constant (a shift for a power of two, a
+    // multiply for policy.h's 80-key tile).
+    k.begin = static_cast<int>(static_cast<unsigned>(k.span_lo) / kBN);
+    k.end = static_cast<int>((static_cast<unsigned>(k.span_hi) + kBN - 1) / kBN);
   }
   return k;
 }
@@ -90,9 +83,12 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0,
 /// traffic, twice the bytes the problem has, and an 18% L2 hit rate (ncu, H100
 /// 2026-12-06 s27run4; FA3 dense on the same problem: 65%, its scheduler runs the query
 /// tiles of a few heads together).
-/// Steps: pairs per request, their prefix, then a counting sort of the pairs by
-/// descending KV-tile count (bucketed; order within a bucket is free: every tile is
-/// computed whole by one CTA, so the result does not depend on it), written as two plan
+/// Pairs of one request also stay adjacent in the list (their request's bucket, warp-
+/// ordered places): gemma 16 x 1k L2 hits 44% -> 58%, 328 -> 303 us (ncu, H100 2026-12-06
+/// s28run1).
+/// Steps: pairs per request, their prefix, then a counting sort of the pairs by their
+/// request's first pair's KV-tile count, descending (bucketed; order within a bucket is
+/// free for the results: every tile is computed whole by one CTA), written as two plan
 /// entries each: int4 {b, q_row0, rest, L}, request b, the q / out row of the tile's
 /// first token, the request's query tokens from that token on (> 0; 0 for the missing
 /// tile of a pair: nothing to run) and its KV length (>= 0). Everything an item needs of
@@ -151,8 +147,9 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
       const TileKeys k = tile_keys<kBN>(s, L, L - rest, rest < s.tokens ? rest : s.tokens);
       return k.end - k.begin;
     };
-    const int c = kPlanRequestOrder ? cost(tiles - 1) + (tiles > 1 ? cost(0) : 0)
-                                    : cost(m0) + (m1 >= 0 ? cost(m1) : 0);
+    // Every pair takes its request's first pair's bucket: pairs that differ by a tile
+    // (80-key tiles at 1k) would otherwise split the request across rounds.
+    const int c = cost(tiles - 1) + (tiles > 1 ? cost(0) : 0);
     return kBuckets - 1 - (c < kBuckets - 1 ? c : kBuckets - 1);
   };
   // 2. histogram, 3. bucket offsets, 4. scatter.
@@ -177,26 +174,19 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
     list[2 * at] = make_int4(b, q0 + m0 * s.tokens, n - m0 * s.tokens, L);
     list[2 * at + 1] = m1 >= 0 ? make_int4(b, q0 + m1 * s.tokens, n - m1 * s.tokens, L) : make_int4(b, q0, 0, L);
   };
-  if constexpr (kPlanRequestOrder) {
-    // Whole warps in step: the lanes of one bucket take consecutive places in lane (so
-    // pair) order, through one atomic by the group's first lane.
-    for (int base = 0; base < total; base += kThreads) {
-      const int i = base + tid, lane = tid & 31;
-      int b = 0, m0 = 0, m1 = -1, key = -1;
-      if (i < total) key = locate(i, b, m0, m1);
-      const unsigned same = __match_any_sync(0xffffffffu, key);
-      const int leader = __ffs(same) - 1;
-      int first = 0;
-      if (i < total && lane == leader) first = atomicAdd(&bucket[key], __popc(same));
-      first = __shfl_sync(0xffffffffu, first, leader);
-      if (i < total) write(first + __popc(same & ((1u << lane) - 1u)), b, m0, m1);
-    }
-  } else {
-    for (int i = tid; i < total; i += kThreads) {
-      int b, m0, m1;
-      const int key = locate(i, b, m0, m1);
-      write(atomicAdd(&bucket[key], 1), b, m0, m1);
-    }
+  // Whole warps in step: the lanes of one bucket take consecutive places in lane (so
+  // pair) order, through one atomic by the group's first lane, so that a round of the
+  // grid holds the pairs of as few requests as possible.
+  for (int base = 0; base < total; base += kThreads) {
+    const int i = base + tid, lane = tid & 31;
+    int b = 0, m0 = 0, m1 = -1, key = -1;
+    if (i < total) key = locate(i, b, m0, m1);
+    const unsigned same = __match_any_sync(0xffffffffu, key);
+    const int leader = __ffs(same) - 1;
+    int first = 0;
+    if (i < total && lane == leader) first = atomicAdd(&bucket[key], __popc(same));
+    first = __shfl_sync(0xffffffffu, first, leader);
+    if (i < total) write(first + __popc(same & ((1u << lane) - 1u)), b, m0, m1);
   }
   if (tid == 0) *count = 2 * total;
 }

@@ -42,8 +42,6 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   p.space.seq_lens = prob.seq_lens;
   p.space.batch = prob.batch;
   p.space.tokens = tokens_per_tile(Pol::kBlockM, p.pack);
-  p.space.block_n = Pol::kBlockN;
-  p.space.block_n_shift = PageGeometry::log2_exact(Pol::kBlockN);
   p.space.mask = prob.mask();
   p.item_div = {cutlass::FastDivmod(a.num_kv_heads * (p.head_groups / p.cluster)),
                 cutlass::FastDivmod(p.head_groups / p.cluster)};

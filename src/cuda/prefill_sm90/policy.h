@@ -32,8 +32,7 @@
 // (consumer.cuh softmax) wherever two consumer warpgroups run, =3 with three too, =0
 // nowhere (the default: fp8 KV at D = 64 and 16-bit KV at D = 128), =2 recomputes S for
 // every tile instead (its rare path, slow). PAGEDMHA_SM90_D256_BLOCK_N=64: the earlier 128 x 64 tiles at D = 256
-// for 16-bit KV by TMA (the default is 80: kBlockN). PAGEDMHA_SM90_PLAN_ORDER=1: the
-// plan keeps a request's pairs of query tiles together (kPlanRequestOrder).
+// for 16-bit KV by TMA (the default is 80: kBlockN).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -96,9 +95,6 @@
 #endif
 #ifndef PAGEDMHA_SM90_D256_BLOCK_N
 #define PAGEDMHA_SM90_D256_BLOCK_N 80
-#endif
-#ifndef PAGEDMHA_SM90_PLAN_ORDER
-#define PAGEDMHA_SM90_PLAN_ORDER 0
 #endif
 
 namespace pagedmha::cuda::sm90 {
@@ -339,11 +335,5 @@ struct PlanLayout {
 /// pairs share the last bucket).
 constexpr int kPlanBuckets = 2048;
 constexpr int kPlanThreads = 1024;
-/// Knob (off; docs/perf-notes/prefill-sm90-loop.md section 22): every pair of query tiles
-/// of a request takes its request's first pair's bucket, and the pairs of one bucket take
-/// their places in pair order within each warp of the plan CTA, so that a request's
-/// pairs stay adjacent in the list (its K / V read by them together) where their costs
-/// differ by a tile or the shared-memory atomics would interleave them.
-constexpr bool kPlanRequestOrder = PAGEDMHA_SM90_PLAN_ORDER != 0;
 
 }  // namespace pagedmha::cuda::sm90
