@@ -51,11 +51,14 @@ def analyse(lines):
 
 
 def short(name):
-    m = re.search(r"PrefillPolicy<(\d+), (true|false), (true|false)>, (\w+), (\w+)>", name)
+    # PrefillPolicy<D, fp8, tma[, keys per tile: 0 = the policy's default]>
+    m = re.search(r"PrefillPolicy<(\d+), (true|false), (true|false)(?:, (\d+))?>, (\w+), (\w+)>", name)
     if m:
         load = "tma" if m.group(3) == "true" else "gather"
-        t = m.group(4).strip("_").replace("nv_bfloat16", "bf16").replace("half", "fp16")
-        kv = m.group(5).strip("_").replace("nv_bfloat16", "bf16").replace("half", "fp16").replace("nv_fp8_e4m3", "fp8")
+        if m.group(4) not in (None, "0"):
+            load += f" bn{m.group(4)}"
+        t = m.group(5).strip("_").replace("nv_bfloat16", "bf16").replace("half", "fp16")
+        kv = m.group(6).strip("_").replace("nv_bfloat16", "bf16").replace("half", "fp16").replace("nv_fp8_e4m3", "fp8")
         return f"prefill D={m.group(1)} {t}/{kv} {load}"
     return name[:44]
 

@@ -85,3 +85,8 @@ def test_short_names_read_the_policy():
                     "__nv_bfloat16, __nv_bfloat16>(pagedmha::cuda::sm90::Sm90Params)") == "prefill D=64 bf16/bf16 tma"
     assert SC.short("void pagedmha::cuda::sm90::prefill_kernel<pagedmha::cuda::sm90::PrefillPolicy<128, true, false>, "
                     "__half, __nv_fp8_e4m3>(pagedmha::cuda::sm90::Sm90Params)") == "prefill D=128 fp16/fp8 gather"
+    # The tile-size argument: 0 is the policy's default, any other the alternative tile.
+    assert SC.short("void pagedmha::cuda::sm90::prefill_kernel<pagedmha::cuda::sm90::PrefillPolicy<256, false, true, 0>, "
+                    "__nv_bfloat16, __nv_bfloat16>(pagedmha::cuda::sm90::Sm90Params)") == "prefill D=256 bf16/bf16 tma"
+    assert SC.short("void pagedmha::cuda::sm90::prefill_kernel<pagedmha::cuda::sm90::PrefillPolicy<256, false, true, 64>, "
+                    "__half, __half>(pagedmha::cuda::sm90::Sm90Params)") == "prefill D=256 fp16/fp16 tma bn64"

@@ -19,12 +19,7 @@
 
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
-#if !defined(PAGEDMHA_SM90_D256_BLOCK_N) || PAGEDMHA_SM90_D256_BLOCK_N != 64  // policy.h: default 80
-#define PAGEDMHA_SM90_GMMA_EXT 1
-#include <cute/arch/mma_sm90_gmma_ext.hpp>
-#else
-#define PAGEDMHA_SM90_GMMA_EXT 0
-#endif
+#include <cute/arch/mma_sm90_gmma_ext.hpp>  // N = 40 / 80: D = 256's 80-key tiles (policy.h)
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
@@ -101,14 +96,12 @@ PAGEDMHA_GMMA_OPS(32, F16, __half)
 PAGEDMHA_GMMA_OPS(64, F16, __half)
 PAGEDMHA_GMMA_OPS(128, F16, __half)
 PAGEDMHA_GMMA_OPS(256, F16, __half)
-#if PAGEDMHA_SM90_GMMA_EXT
-// Shapes of the extended header (N not a power of two: policy.h
-// PAGEDMHA_SM90_D256_BLOCK_N: 80 by default), compiled only where a tile uses them.
+// Shapes of the extended header (N not a power of two: D = 256's 80-key tiles, policy.h
+// kBlockN), compiled only where a tile uses them.
 PAGEDMHA_GMMA_OPS(40, BF16, __nv_bfloat16)
 PAGEDMHA_GMMA_OPS(80, BF16, __nv_bfloat16)
 PAGEDMHA_GMMA_OPS(40, F16, __half)
 PAGEDMHA_GMMA_OPS(80, F16, __half)
-#endif
 #undef PAGEDMHA_GMMA_OPS
 
 template <class Op, std::size_t... I>

@@ -74,19 +74,34 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   }
 }
 
+/// The TMA policy Pol when the cache allows its boxes (its tile decides them): true
+/// once launched.
+template <class Pol, class T, class KV>
+bool try_prefill_tma(const detail::AttentionProblem& prob, const AttentionArgs& a, Sm90Params& p, int num_sms,
+                     cudaStream_t stream) {
+  if (PAGEDMHA_SM90_FORCE_GATHER ||
+      !kv_tensor_maps<Pol::kHeadDim, T, Pol::kFp8Kv>(prob.kv, Pol::kBlockN, p.tm_k, p.tm_v, p.geo)) {
+    return false;
+  }
+  run_prefill_with<Pol, T, KV>(prob, a, p, num_sms, stream);
+  return true;
+}
+
 template <int D, class T, class KV>
 void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, int num_sms, cudaStream_t stream) {
   constexpr bool kFp8 = !std::is_same<KV, T>::value;
   Sm90Params p{};
   p.a = a;
-  // The TMA policy's tile decides the boxes; the gather's may differ (policy.h kBlockN).
-  if (!PAGEDMHA_SM90_FORCE_GATHER &&
-      kv_tensor_maps<D, T, kFp8>(prob.kv, PrefillPolicy<D, kFp8, true>::kBlockN, p.tm_k, p.tm_v, p.geo)) {
-    run_prefill_with<PrefillPolicy<D, kFp8, true>, T, KV>(prob, a, p, num_sms, stream);
-  } else {
-    p.geo = PageGeometry::make(prob.kv.page_size, 0);
-    run_prefill_with<PrefillPolicy<D, kFp8, false>, T, KV>(prob, a, p, num_sms, stream);
+  if constexpr (D == 256 && !kFp8) {  // short launches: 64-key tiles (policy.h kD256ShortQ)
+    if (d256_tma_block_n(prob.max_q_len) == 64 &&
+        try_prefill_tma<PrefillPolicy<D, false, true, 64>, T, KV>(prob, a, p, num_sms, stream)) {
+      return;
+    }
   }
+  if (try_prefill_tma<PrefillPolicy<D, kFp8, true>, T, KV>(prob, a, p, num_sms, stream)) return;
+  // The gather's tile may differ from the TMA policy's (policy.h kBlockN).
+  p.geo = PageGeometry::make(prob.kv.page_size, 0);
+  run_prefill_with<PrefillPolicy<D, kFp8, false>, T, KV>(prob, a, p, num_sms, stream);
 }
 
 }  // namespace pagedmha::cuda::sm90

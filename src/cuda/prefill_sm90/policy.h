@@ -31,8 +31,9 @@
 // exponentiates against the current reference while the row maxima are found
 // (consumer.cuh softmax) wherever two consumer warpgroups run, =3 with three too, =0
 // nowhere (the default: fp8 KV at D = 64 and 16-bit KV at D = 128), =2 recomputes S for
-// every tile instead (its rare path, slow). PAGEDMHA_SM90_D256_BLOCK_N=64: the earlier 128 x 64 tiles at D = 256
-// for 16-bit KV by TMA (the default is 80: kBlockN).
+// every tile instead (its rare path, slow). PAGEDMHA_SM90_D256_SHORT_Q=n: launches at
+// D = 256 with 16-bit KV by TMA and max_q_len <= n take 64-key tiles, the others 80
+// (kD256ShortQ; 0: always 80).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -93,16 +94,18 @@
 #ifndef PAGEDMHA_SM90_SPEC_SOFTMAX
 #define PAGEDMHA_SM90_SPEC_SOFTMAX -1
 #endif
-#ifndef PAGEDMHA_SM90_D256_BLOCK_N
-#define PAGEDMHA_SM90_D256_BLOCK_N 80
+#ifndef PAGEDMHA_SM90_D256_SHORT_Q
+#define PAGEDMHA_SM90_D256_SHORT_Q 1024
 #endif
 
 namespace pagedmha::cuda::sm90 {
 
-/// Compile-time shape of one instantiation: head dim D, fp8 or 16-bit cache, and whether
-/// K / V come by TMA (else the producer's cp.async gather).
-template <int D, bool Fp8Kv, bool KvTma>
+/// Compile-time shape of one instantiation: head dim D, fp8 or 16-bit cache, whether
+/// K / V come by TMA (else the producer's cp.async gather), and the keys per KV tile
+/// (0: kBlockN's default; 64 only for D = 256's 16-bit TMA path, kD256ShortQ).
+template <int D, bool Fp8Kv, bool KvTma, int BlockN = 0>
 struct PrefillPolicy {
+  static_assert(BlockN == 0 || (BlockN == 64 && D == 256 && KvTma && !Fp8Kv), "the one tile-size alternative");
   static constexpr int kHeadDim = D;
   static constexpr bool kFp8Kv = Fp8Kv;
   // fp8 KV: the GEMMs run in fp16 whatever the query dtype. e4m3 converts to fp16 in one
@@ -135,12 +138,12 @@ struct PrefillPolicy {
   // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128. At
   // D = 256, whose O accumulator alone is 128 registers per thread, 80 for 16-bit KV by
   // TMA (FA3's tile there; two K and two V stages of 40 KB; boxes of 16 rows, kv_boxes.h
-  // kv_box_rows): +5-7% at gemma 1x16k and 4x4k over 64 keys, but -7-13% at 16x1k, whose
-  // causal items end mid-tile (H100, 2026-12-06 s27run2 and s27run6:
-  // docs/perf-notes/prefill-sm90-loop.md sections 20-21). The gather and the fp8
-  // conversion keep 64.
-  static constexpr int kBlockN =
-      D == 256 ? (KvTma && !Fp8Kv ? PAGEDMHA_SM90_D256_BLOCK_N : 64) : (Fp8Kv ? PAGEDMHA_SM90_FP8_BLOCK_N : 128);
+  // kv_box_rows): +5-7% at gemma 1x16k and 4x4k over 64 keys, but -6-13% at 16x1k, whose
+  // causal items end mid-tile, so short launches take 64 (kD256ShortQ). The gather and
+  // the fp8 conversion keep 64.
+  static constexpr int kBlockN = BlockN > 0 ? BlockN
+                                 : D == 256 ? (KvTma && !Fp8Kv ? 80 : 64)
+                                            : (Fp8Kv ? PAGEDMHA_SM90_FP8_BLOCK_N : 128);
   // fp8 caches at D = 128 with two producer warpgroups: the raw tile (BN x 128 bytes)
   // lands by TMA in the upper half of its own 16-bit stage, where raw row r is exactly
   // the bytes of the stage's second panel's row r, and is converted in place (each warp
@@ -330,6 +333,17 @@ struct PlanLayout {
   /// partner is the + 1), whatever the head geometry.
   PAGEDMHA_HD static int64_t bytes(int64_t batch, int64_t total_q) { return list_offset(batch) + 16 * (total_q + batch); }
 };
+
+/// D = 256, 16-bit KV by TMA: launches whose longest query run (the host bound
+/// max_q_len) is at most this many tokens take 64-key tiles, the others 80. Against 80 on
+/// the H100 (2026-12-06; docs/perf-notes/prefill-sm90-loop.md sections 20-23): 64 is
+/// +6-13% at gemma 16 x 1k (1024 keys are 12.8 tiles of 80: a causal query tile reads up
+/// to 79 keys past its diagonal and has two or three masked tiles), and 80 is +4-8% at
+/// 4 x 4k and +3-6% at 2k-query chunks over 8k keys. A host bound: under a CUDA graph
+/// the choice is the capture's (both tiles give the same results up to bf16 rounding).
+constexpr int kD256ShortQ = PAGEDMHA_SM90_D256_SHORT_Q;
+/// Keys per tile of D = 256's 16-bit TMA path for a launch of max_q_len (launch.cuh).
+constexpr int d256_tma_block_n(int max_q_len) { return max_q_len <= kD256ShortQ ? 64 : 80; }
 
 /// Cost buckets of the longest-first order (KV tiles a pair of query tiles reads; longer
 /// pairs share the last bucket).

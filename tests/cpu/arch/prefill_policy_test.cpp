@@ -60,6 +60,13 @@ TEST(PrefillSm90Policy, LayoutsWorkedOutByHand) {
   // The gather keeps tiles of 64 keys, 32 KB: one Q, 5 tiles: K 2, V 3 (1024 + 64 KB +
   // 5 x 32 KB + 256 = 230,656), 72 / 216 registers.
   expect_layout(layout_of<PrefillPolicy<256, false, false>>(), {2, 1, 1, 2, 3, 230656, 72, 216}, "D256 bf16 gather");
+  // Short launches by TMA (kD256ShortQ) take the same 64-key layout.
+  EXPECT_EQ(d256_tma_block_n(1), 64);
+  EXPECT_EQ(d256_tma_block_n(kD256ShortQ), 64);
+  EXPECT_EQ(d256_tma_block_n(kD256ShortQ + 1), 80);
+  EXPECT_EQ((PrefillPolicy<256, false, true>::kBlockN), 80);
+  EXPECT_EQ((PrefillPolicy<256, false, true, 64>::kBlockN), 64);
+  expect_layout(layout_of<PrefillPolicy<256, false, true, 64>>(), {2, 1, 1, 2, 3, 230656, 72, 216}, "D256 bf16 tma 64");
   // D = 256, fp8: two 16 KB staging slots (one producer warpgroup): one Q leaves 4 tiles.
   expect_layout(layout_of<PrefillPolicy<256, true, true>>(), {2, 1, 1, 2, 2, 230656, 72, 216}, "D256 fp8");
 }
@@ -100,6 +107,7 @@ TEST(PrefillSm90Policy, EveryInstantiationFitsSharedMemoryAndRegisters) {
   expect_fits<PrefillPolicy<128, true, false>>("D128 fp8 gather");
   expect_fits<PrefillPolicy<256, false, true>>("D256 bf16 tma");
   expect_fits<PrefillPolicy<256, false, false>>("D256 bf16 gather");
+  expect_fits<PrefillPolicy<256, false, true, 64>>("D256 bf16 tma 64");
   expect_fits<PrefillPolicy<256, true, true>>("D256 fp8 tma");
   expect_fits<PrefillPolicy<256, true, false>>("D256 fp8 gather");
 }

@@ -155,6 +155,36 @@ TEST(GpuPrefill, LongerPromptsAndChunks) {
   check_case(c);
 }
 
+// D = 256 with 16-bit KV by TMA: launches of max_q_len <= 1024 take 64-key tiles, longer
+// ones 80 (policy.h d256_tma_block_n). The same problem through both (the second with a
+// loose host bound), then prompts past 1024, causal, windowed and non-causal.
+TEST(GpuPrefill, HeadDim256BothKeyTiles) {
+  REQUIRE_GPU();
+  AttnCase c = gpu_case(/*decode=*/false);
+  c.Hq = 16, c.Hkv = 8, c.D = 256;
+  c.kv_lens = {1000, 1700, 333, 81};
+  c.q_lens = {1000, 600, 333, 80};
+  c.seed = 2800;
+  c.name = describe(c) + " 64-key tiles";
+  AttnProblem p = build(c);
+  ASSERT_LE(p.max_q_len, 1024);
+  const Reference ref = p.reference();
+  if (run_gpu_or_fail(p, c.name)) EXPECT_TRUE(check_attention(p, ref)) << c.name;
+  p.max_q_len = 1025;
+  fill_poison(*p.out.storage, p.out.dtype);  // the first run's results must not survive
+  if (p.c.with_lse) fill_poison(*p.lse.storage, p.lse.dtype);
+  c.name = describe(c) + " 80-key tiles (max_q_len 1025)";
+  if (run_gpu_or_fail(p, c.name)) EXPECT_TRUE(check_attention(p, ref)) << c.name;
+  c.kv_lens = {2500, 1299, 161};
+  c.q_lens = {2500, 1100, 80};
+  for (int mode = 0; mode < 3; ++mode) {  // causal, non-causal, causal with a window
+    c.causal = mode != 1;
+    c.window_left = mode == 2 ? 700 : -1;
+    c.seed = 2801 + mode;
+    check_case(c);
+  }
+}
+
 // A 128k context (TESTING.md's long case): queries at the end of a 128k prefix, a tail
 // page ending mid-page, one request with an exact page edge, a window reaching far back.
 TEST(GpuPrefill, Context128k) {
