@@ -10,6 +10,8 @@
 namespace {
 
 using pagedmha::cuda::sm90::PrefillPolicy;
+using pagedmha::cuda::sm90::d256_tma_block_n;
+using pagedmha::cuda::sm90::kD256ShortQ;
 
 struct Layout {
   int warpgroups, producers, q_slots, k_stages, v_stages, smem_bytes, producer_regs, consumer_regs;
