@@ -5,6 +5,7 @@
 //
 //   backend_overhead [--device cpu|cuda] [--out DIR] [--iters N]
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "../tools/report_paths.h"
+#include "../tools/replay/device_info.h"
 #include "pagedmha/pagedmha.h"
 
 using namespace pagedmha;
@@ -116,8 +118,13 @@ int main(int argc, char** argv) {
   char date[16];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y%m%d", std::localtime(&now));
-  const std::string gpu = dev.is_cuda() ? "h200" : "cpu";
-  const std::string path = out_dir + "/" + gpu + "-backend_overhead-" + date + ".json";
+  // The card's model names the file ("NVIDIA H100 80GB HBM3" -> h100), as scripts/gpu.sh
+  // names the replays'.
+  const std::string gpu_name = pagedmha::tools::device_name(dev);
+  std::string tag = gpu_name.rfind("NVIDIA ", 0) == 0 ? gpu_name.substr(7) : gpu_name;
+  tag = tag.substr(0, tag.find(' '));
+  for (char& ch : tag) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string path = out_dir + "/" + tag + "-backend_overhead-" + date + ".json";
   std::ofstream f(path);
   // The commit comes from the environment (PAGEDMHA_COMMIT=$(git rev-parse --short HEAD)).
   const char* commit = std::getenv("PAGEDMHA_COMMIT");
@@ -126,7 +133,7 @@ int main(int argc, char** argv) {
   const std::string repo = std::filesystem::path(__FILE__).parent_path().parent_path().string();
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + tools::repo_relative_word(argv[i], repo);
-  f << "{\"gpu\": \"" << (dev.is_cuda() ? "NVIDIA H200" : "cpu") << "\", \"commit\": "
+  f << "{\"gpu\": " << json_string(gpu_name) << ", \"commit\": "
     << json_string(commit && *commit ? commit : "unknown") << ", \"command\": " << json_string(command);
   f << ", \"date\": \"" << date << "\", \"ceilings\": {},\n \"records\": [\n";
   for (size_t i = 0; i < records.size(); ++i) {

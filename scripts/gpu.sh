@@ -60,6 +60,10 @@ note() { summary+=("$1|$2|$3"); [ "$2" = ok ] || [ "$2" = skipped ] || failed=1;
 seconds_since() { echo $(( $(date +%s) - $1 )); }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1 || true
+# The card's model for the reports' file names ("NVIDIA H100 80GB HBM3" -> h100), as
+# bench/backend_overhead.cpp names its own.
+gpu_tag=$(sed -n '1s/^NVIDIA //p' "$out/gpu.txt" | awk '{print tolower($1)}')
+gpu_tag=${gpu_tag:-gpu}
 
 # --- configure + build ----------------------------------------------------------
 deps=()
@@ -237,7 +241,7 @@ if [ $run_reports -eq 1 ]; then
   # runs at REPLAY_TIME_LIMIT (the full-head mooncake-gpt-oss-20b needs > 678 s: see perf-notes),
   # then the one-rank NCCL runs after their one-device baseline.
   steps=${REPLAY_STEPS:-1000}
-  base_json=$out/h200-replay-azure-llama3-8b-1gpu-$day.json
+  base_json=$out/$gpu_tag-replay-azure-llama3-8b-1gpu-$day.json
   for entry in ${REPLAYS:-azure-conv-llama3-8b mooncake-gpt-oss-20b-tp8 azure-llama3-8b-1gpu:300 \
                  azure-llama3-8b-gpus1-tp1:300 azure-llama3-8b-gpus1-dcp1:300}; do
     name=${entry%%:*}
@@ -256,7 +260,7 @@ if [ $run_reports -eq 1 ]; then
       azure-llama3-8b-gpus1-dcp1) trace=AzureLLMInferenceTrace_conv.csv args="--model llama3-8b --kv-dtype bf16 --check-every 100 --max-steps $steps --gpus 1 --dcp 1 --baseline-json $base_json" ;;
       *) note "replay $name" FAILED "unknown replay (azure-conv-llama3-8b, mooncake-gpt-oss-20b[-tp8], azure-llama3-8b-{1gpu,gpus1-tp1,gpus1-dcp1})"; continue ;;
     esac
-    json=$out/h200-replay-$name-$day.json
+    json=$out/$gpu_tag-replay-$name-$day.json
     t=$(date +%s)
     log "replay $name (time limit $run_limit s)"
     # shellcheck disable=SC2086
