@@ -115,7 +115,10 @@ std::size_t decode_workspace_size(Device device, int64_t batch, int q_len_per_re
 ///    (non-decreasing, cu_seqlens_q[0] == 0, cu_seqlens_q[batch] == total_q).
 /// seq_lens: int32 [batch], KV length L per request including the new tokens; the
 ///    prefix length is L - n. n > L makes the first n - L queries see no key.
-/// max_q_len: host upper bound of the query lengths (never read from the device).
+/// max_q_len: host upper bound of the query lengths (never read from the device). It
+///    sizes the portable kernel's grid, and on Hopper at D = 256 a bound of at most 1024
+///    selects 64-key tiles over 80-key ones (faster for short prompts; the results differ
+///    by bf16 rounding only), so pass the step's own maximum, not a fixed budget.
 /// workspace: uint8 bytes, at least prefill_workspace_size(device, batch, total_q) (the
 ///    longest-first plan of query-tile pairs of the Hopper kernel, written on the device); may be
 ///    undefined when that size is 0 (always on the CPU).

@@ -112,7 +112,8 @@ Args:
     seq_lens: int32 [batch], KV length in tokens including the new tokens.
     cu_seqlens_q: int32 [batch + 1], exclusive prefix sums of the query lengths.
     page_size: tokens per page.
-    max_q_len: host upper bound of the query lengths (tokens).
+    max_q_len: host upper bound of the query lengths (tokens); pass the step's own
+        maximum (on Hopper at head_dim 256, at most 1024 selects faster tiles).
     out: same shape as q, the query dtype.
     bmm1_scale, bmm2_scale, window_left, logits_soft_cap, sinks: as in batch_decode.
     causal: True: bottom-right causal mask; False: every query sees all L keys (the window
