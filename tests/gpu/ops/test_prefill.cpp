@@ -183,6 +183,16 @@ TEST(GpuPrefill, HeadDim256BothKeyTiles) {
     c.seed = 2801 + mode;
     check_case(c);
   }
+  // Other pages past 1024 queries: 64 (16-row boxes of the 80-key tile), 8 (a box per
+  // page) and 3 (the gather, whose tile is 64 keys whatever max_q_len says).
+  c.causal = true, c.window_left = -1;
+  c.kv_lens = {1400, 300};
+  c.q_lens = {1100, 300};
+  for (int P : {64, 8, 3}) {
+    c.page_size = P;
+    c.seed = 2810 + P;
+    check_case(c);
+  }
 }
 
 // A 128k context (TESTING.md's long case): queries at the end of a 128k prefix, a tail
