@@ -123,7 +123,10 @@ int main(int argc, char** argv) {
   const std::string gpu_name = pagedmha::tools::device_name(dev);
   std::string tag = gpu_name.rfind("NVIDIA ", 0) == 0 ? gpu_name.substr(7) : gpu_name;
   tag = tag.substr(0, tag.find(' '));
-  for (char& ch : tag) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (char& ch : tag) {  // a file name: letters and digits ("cuda:0" where the name is unknown)
+    const auto u = static_cast<unsigned char>(ch);
+    ch = std::isalnum(u) ? static_cast<char>(std::tolower(u)) : '-';
+  }
   const std::string path = out_dir + "/" + tag + "-backend_overhead-" + date + ".json";
   std::ofstream f(path);
   // The commit comes from the environment (PAGEDMHA_COMMIT=$(git rev-parse --short HEAD)).

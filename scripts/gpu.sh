@@ -62,7 +62,7 @@ seconds_since() { echo $(( $(date +%s) - $1 )); }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1 || true
 # The card's model for the reports' file names ("NVIDIA H100 80GB HBM3" -> h100), as
 # bench/backend_overhead.cpp names its own.
-gpu_tag=$(sed -n '1s/^NVIDIA //p' "$out/gpu.txt" | awk '{print tolower($1)}')
+gpu_tag=$(head -n1 "$out/gpu.txt" | cut -d, -f1 | sed -n 's/^NVIDIA //p' | awk '{print tolower($1)}')
 gpu_tag=${gpu_tag:-gpu}
 
 # --- configure + build ----------------------------------------------------------

@@ -51,12 +51,15 @@ def analyse(lines):
 
 
 def short(name):
-    # PrefillPolicy<D, fp8, tma[, keys per tile: 0 = the policy's default]>
-    m = re.search(r"PrefillPolicy<(\d+), (true|false), (true|false)(?:, (\d+))?>, (\w+), (\w+)>", name)
+    # prefill_kernel<PrefillPolicy<D, fp8, tma[, keys per tile: 0 = the policy's default]>,
+    # T, KV[, DeviceVariant<soft-cap>]>
+    m = re.search(r"PrefillPolicy<(\d+), (true|false), (true|false)(?:, (\d+))?>, (\w+), (\w+)[,>]", name)
     if m:
         load = "tma" if m.group(3) == "true" else "gather"
         if m.group(4) not in (None, "0"):
             load += f" bn{m.group(4)}"
+        if "DeviceVariant<true>" in name:
+            load += " cap"
         t = m.group(5).strip("_").replace("nv_bfloat16", "bf16").replace("half", "fp16")
         kv = m.group(6).strip("_").replace("nv_bfloat16", "bf16").replace("half", "fp16").replace("nv_fp8_e4m3", "fp8")
         return f"prefill D={m.group(1)} {t}/{kv} {load}"
