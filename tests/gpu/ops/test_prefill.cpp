@@ -175,6 +175,7 @@ TEST(GpuPrefill, HeadDim256BothKeyTiles) {
   if (p.c.with_lse) fill_poison(*p.lse.storage, p.lse.dtype);
   c.name = describe(c) + " 80-key tiles (max_q_len 1025)";
   if (run_gpu_or_fail(p, c.name)) EXPECT_TRUE(check_attention(p, ref)) << c.name;
+  c.name = AttnCase().name;  // check_case names the cases below from their fields
   // Page 48: no box of the 64-key tile fits (48 rows, not a power of two), so a short
   // launch falls back to the 80-key tile's 16-row boxes.
   c.page_size = 48;
