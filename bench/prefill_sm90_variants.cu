@@ -158,6 +158,11 @@ const Shape kShapes[] = {
     {"llama3-8b", 32, 8, 128, 8, 8192, 16, false, false, 2048}, {"gpt-oss", 64, 8, 64, 8, 8192, 16, false, false, 2048},
     {"gemma", 16, 8, 256, 8, 8192, 16, false, false, 2048},
     {"gpt-oss-tp8", 8, 1, 64, 1, 16384, 16, true, false, 8192},
+    // 23-25: short grids of one TP-8 rank (policy.h kPlanPairRounds): the bf16 extend of
+    // 22, a 2k chunk over a 28k prefix and two 3k chunks over 17k (fp8).
+    {"gpt-oss-tp8", 8, 1, 64, 1, 16384, 16, false, false, 8192},
+    {"gpt-oss-tp8", 8, 1, 64, 1, 30000, 16, true, false, 2000},
+    {"gpt-oss-tp8", 8, 1, 64, 2, 20000, 16, true, false, 3000},
 };
 
 }  // namespace

@@ -21,7 +21,8 @@ if [ -x "$nvcc_bin" ] && [ "${PAGEDMHA_KNOB_BUILD:-1}" != 0 ]; then
   # policy.h that waits for a GPU run (off in the library) still compile: list such a
   # knob here as "knobs:-D...=1" beside the default.
   tk=$(date +%s)
-  PATH=$PATH:$(dirname "$nvcc_bin") BUILD_ONLY=1 bash bench/prefill_variants.sh "default:"
+  PATH=$PATH:$(dirname "$nvcc_bin") BUILD_ONLY=1 bash bench/prefill_variants.sh "default:" \
+    "knobs:-DPAGEDMHA_SM90_PLAN_PAIR_ROUNDS=3"
   echo "test.sh: Hopper prefill knob build $(( $(date +%s) - tk )) s" >&2
 fi
 if [ "${PAGEDMHA_WHEEL:-1}" != 0 ]; then

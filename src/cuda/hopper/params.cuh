@@ -9,6 +9,7 @@
 #include "cuda/common/attention_args.cuh"
 #include "cuda/hopper/paged_kv.cuh"
 #include "cuda/hopper/schedule.cuh"
+#include "cuda/hopper/walk_order.h"
 
 namespace pagedmha::cuda::sm90 {
 
@@ -32,13 +33,15 @@ struct Sm90Params {
   bool tma_q, tma_kv;  // Q / 16-bit K and V by TMA (else the cp.async gather)
   bool q_convert;      // Q by TMA in its dtype, converted in place into the GEMMs' (fp8 KV, bf16 Q)
   bool tma_raw;        // fp8 K and V by TMA (into the staging slots or their stages; else the gather)
+  cutlass::FastDivmod walkers;  // the grid's clusters: a pair item's round (Walk, serpentine order)
 };
 
 /// This CTA's walk over the plan. Items are numbered entry x (Hkv * head_groups /
 /// cluster) + the rest (schedule.cuh); the plan's entries come in pairs 2i, 2i + 1 run back to
-/// back (plan_kernel). Its cluster takes pair items first, first + stride, ... of the
-/// pairs' items, and runs each pair item's two tiles in turn; rank in the cluster (a 1-d
-/// grid of clusters of p.cluster consecutive CTAs).
+/// back (plan_kernel). Its cluster (walker `first` of `stride`) takes one pair item of
+/// each round of `stride`, round-robin (first, first + stride, ...) or in serpentine
+/// order (walk_order.h; policy.h kPlanPairRounds), and runs each pair item's two tiles
+/// in turn; rank in the cluster (a 1-d grid of clusters of p.cluster consecutive CTAs).
 struct Walk {
   int first, stride, rank, total;
   __device__ explicit Walk(const Sm90Params& p)
@@ -59,7 +62,14 @@ struct Walk {
     p.item_div.per_entry.fast_divmod(entry, r, item);
     const int per = p.item_div.per_entry.divisor;
     if ((entry & 1) == 0) return item + per;
-    return pair_item(p, (entry >> 1) * per + r + stride);
+    const int q = (entry >> 1) * per + r;  // this pair item
+    if constexpr (kPlanPairRounds == 0) {
+      return pair_item(p, q + stride);  // round-robin (policy.h)
+    } else {
+      int round, c;
+      p.walkers.fast_divmod(round, c, q);
+      return pair_item(p, serpentine_next(q, round, first, stride));
+    }
   }
   /// Item `item`'s plan entry (schedule.cuh), or zeros past the walk. Each role loads
   /// the next item's entry as it starts an item, so the load's latency hides behind it.

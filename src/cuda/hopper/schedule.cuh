@@ -85,18 +85,21 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0,
 /// tiles of a few heads together).
 /// Pairs of one request also stay adjacent in the list (their request's bucket, warp-
 /// ordered places): gemma 16 x 1k L2 hits 44% -> 58%, 328 -> 303 us (ncu, H100 2026-12-06
-/// s28run1).
-/// Steps: pairs per request, their prefix, then a counting sort of the pairs by their
-/// request's first pair's KV-tile count, descending (bucketed; order within a bucket is
-/// free for the results: every tile is computed whole by one CTA), written as two plan
+/// s28run1). A batch of fewer than min_pairs pairs (under policy.h kPlanPairRounds
+/// rounds of the grid; a knob, off) runs single tiles instead, each the first entry of a
+/// unit whose second is empty, sorted by its own key count: finer units for a short grid.
+/// Steps: units (pairs or tiles) per request, their prefix, then a counting sort of the
+/// units by their bucket, descending (bucketed; order within a bucket is free for the
+/// results: every tile is computed whole by one CTA), written as two plan
 /// entries each: int4 {b, q_row0, rest, L}, request b, the q / out row of the tile's
 /// first token, the request's query tokens from that token on (> 0; 0 for the missing
 /// tile of a pair: nothing to run) and its KV length (>= 0). Everything an item needs of
 /// its request, so that the kernels read one 16-byte entry per item and nothing that
 /// depends on it (cu_seqlens_q, seq_lens; the consumers had waited out two dependent
 /// global round trips at every item: ncu, H200 2026-12-03 s10run3, 16 x 1k).
+/// min_pairs: the fewest pairs run as pairs, else single tiles (policy.h plan_min_pairs).
 template <int kThreads, int kBuckets, int kBN>
-__global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char* workspace) {
+__global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, int min_pairs, char* workspace) {
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int bucket[kBuckets];
@@ -110,26 +113,34 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
     return n > 0 ? (n + s.tokens - 1) / s.tokens : 0;
   };
 
-  // 1. prefix[b] = pairs of requests before b.
-  if (tid == 0) carry = 0;
-  __syncthreads();
-  for (int base = 0; base < s.batch; base += kThreads) {
-    const int b = base + tid;
-    const int pairs = b < s.batch ? (tiles_of(b) + 1) / 2 : 0;
-    int excl, total;
-    Scan(scan_tmp).ExclusiveSum(pairs, excl, total);
-    if (b < s.batch) prefix[b] = carry + excl;
+  // 1. prefix[b] = units (pairs, or single tiles: policy.h kPlanPairRounds) of the
+  // requests before b.
+  const auto scan_units = [&](bool singles) {
+    __syncthreads();  // every thread has read the last scan's total
+    if (tid == 0) carry = 0;
     __syncthreads();
-    if (tid == 0) carry += total;
-    __syncthreads();
-  }
-  const int total = carry;
+    for (int base = 0; base < s.batch; base += kThreads) {
+      const int b = base + tid;
+      const int tiles = b < s.batch ? tiles_of(b) : 0;
+      int excl, total;
+      Scan(scan_tmp).ExclusiveSum(singles ? tiles : (tiles + 1) / 2, excl, total);
+      if (b < s.batch) prefix[b] = carry + excl;
+      __syncthreads();
+      if (tid == 0) carry += total;
+      __syncthreads();
+    }
+    return carry;
+  };
+  int total = scan_units(false);
+  // The same in every thread (carry, synchronized); never with the knob off (min_pairs 0).
+  const bool singles = total < min_pairs;
+  if (singles) total = scan_units(true);
   if (tid == 0) prefix[s.batch] = total;
   for (int i = tid; i < kBuckets; i += kThreads) bucket[i] = 0;
   __syncthreads();
 
-  // Pair i -> request b and its tiles m0 (the later) and m1 (-1: none) by a binary search
-  // of the prefix; its bucket (0 = most KV tiles).
+  // Unit i -> request b and its tiles m0 (a pair's later one) and m1 (-1: none) by a
+  // binary search of the prefix; its bucket (0 = most KV tiles).
   auto locate = [&](int i, int& b, int& m0, int& m1) {
     int lo = 0, hi = s.batch - 1;
     while (lo < hi) {
@@ -138,8 +149,8 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
     }
     b = lo;
     const int j = i - prefix[b], tiles = tiles_of(b);
-    m0 = tiles - 1 - j;
-    m1 = j < m0 ? j : -1;
+    m0 = singles ? j : tiles - 1 - j;
+    m1 = !singles && j < m0 ? j : -1;
     const int n = s.cu_seqlens_q[b + 1] - s.cu_seqlens_q[b];
     const int L = s.seq_lens[b] > 0 ? s.seq_lens[b] : 0;
     const auto cost = [&](int m) {
@@ -147,9 +158,10 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, char*
       const TileKeys k = tile_keys<kBN>(s, L, L - rest, rest < s.tokens ? rest : s.tokens);
       return k.end - k.begin;
     };
-    // Every pair takes its request's first pair's bucket: pairs that differ by a tile
-    // (80-key tiles at 1k) would otherwise split the request across rounds.
-    const int c = cost(tiles - 1) + (tiles > 1 ? cost(0) : 0);
+    // A single tile takes its own cost (longest first). Every pair takes its request's
+    // first pair's bucket: pairs that differ by a tile (80-key tiles at 1k) would
+    // otherwise split the request across rounds.
+    const int c = singles ? cost(m0) : cost(tiles - 1) + (tiles > 1 ? cost(0) : 0);
     return kBuckets - 1 - (c < kBuckets - 1 ? c : kBuckets - 1);
   };
   // 2. histogram, 3. bucket offsets, 4. scatter.

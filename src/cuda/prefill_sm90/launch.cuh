@@ -17,13 +17,14 @@
 
 namespace pagedmha::cuda::sm90 {
 
+/// CTAs of the persistent grid: one per SM, or as many clusters as fit.
 template <class Pol, class T, class KV, class Variant>
-void launch_persistent(const Sm90Params& p, int device, int num_sms, cudaStream_t stream) {
+int grid_of(int cluster, int device, int num_sms) {
   static int grids[2][64] = {};  // per cluster size and device, computed once
-  int& grid = grids[p.cluster - 1][device & 63];
-  if (grid == 0) grid = persistent_grid<Pol, T, KV, Variant>(p.cluster, num_sms);
-  if (grid == 0) throw Error("batch_prefill: no cluster of " + std::to_string(p.cluster) + " CTAs fits this device");
-  launch_prefill_kernel<Pol, T, KV, Variant>(p, grid, stream);
+  int& grid = grids[cluster - 1][device & 63];
+  if (grid == 0) grid = persistent_grid<Pol, T, KV, Variant>(cluster, num_sms);
+  if (grid == 0) throw Error("batch_prefill: no cluster of " + std::to_string(cluster) + " CTAs fits this device");
+  return grid;
 }
 
 /// The plan and the persistent launch of one policy (the K / V load path is decided).
@@ -43,13 +44,19 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   p.space.batch = prob.batch;
   p.space.tokens = tokens_per_tile(Pol::kBlockM, p.pack);
   p.space.mask = prob.mask();
-  p.item_div = {cutlass::FastDivmod(a.num_kv_heads * (p.head_groups / p.cluster)),
-                cutlass::FastDivmod(p.head_groups / p.cluster)};
+  // The soft-cap's code only where a soft-cap is set (device_variant.cuh).
+  const bool cap = a.cap_log2 > 0.0f;
+  const int grid = cap ? grid_of<Pol, T, KV, DeviceVariant<true>>(p.cluster, prob.device.index, num_sms)
+                       : grid_of<Pol, T, KV, DeviceVariant<false>>(p.cluster, prob.device.index, num_sms);
+  const int per_entry = a.num_kv_heads * (p.head_groups / p.cluster), walkers = grid / p.cluster;
+  p.item_div = {cutlass::FastDivmod(per_entry), cutlass::FastDivmod(p.head_groups / p.cluster)};
+  p.walkers = cutlass::FastDivmod(walkers);
   p.pack_div = cutlass::FastDivmod(p.pack);
   char* ws = static_cast<char*>(prob.workspace);
   p.count = reinterpret_cast<const int*>(ws);
   p.list = reinterpret_cast<const int4*>(ws + PlanLayout::list_offset(prob.batch));
-  plan_kernel<kPlanThreads, kPlanBuckets, Pol::kBlockN><<<1, kPlanThreads, 0, stream>>>(p.space, ws);
+  plan_kernel<kPlanThreads, kPlanBuckets, Pol::kBlockN>
+      <<<1, kPlanThreads, 0, stream>>>(p.space, plan_min_pairs(walkers, per_entry), ws);
   PAGEDMHA_CUDA_CHECK_LAUNCH();
 
   // Q: [rows][Hq][D], boxes of [tokens][pack][64]. A 16-bit query of another type than
@@ -66,11 +73,10 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
     const uint32_t box[3] = {64, uint32_t(p.pack), uint32_t(p.space.tokens)};
     p.tma_q = encode_tensor_map(&p.tm_q, tensor_map_dtype<T>(), 3, a.q, dims, strides, box);
   }
-  // The soft-cap's code only where a soft-cap is set (device_variant.cuh).
-  if (a.cap_log2 > 0.0f) {
-    launch_persistent<Pol, T, KV, DeviceVariant<true>>(p, prob.device.index, num_sms, stream);
+  if (cap) {
+    launch_prefill_kernel<Pol, T, KV, DeviceVariant<true>>(p, grid, stream);
   } else {
-    launch_persistent<Pol, T, KV, DeviceVariant<false>>(p, prob.device.index, num_sms, stream);
+    launch_prefill_kernel<Pol, T, KV, DeviceVariant<false>>(p, grid, stream);
   }
 }
 

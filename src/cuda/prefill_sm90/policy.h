@@ -328,9 +328,11 @@ struct PlanLayout {
   static constexpr int64_t kHeader = 16;
   PAGEDMHA_HD static int64_t prefix_offset() { return kHeader; }
   PAGEDMHA_HD static int64_t list_offset(int64_t batch) { return kHeader + ((4 * (batch + 1) + 15) / 16) * 16; }
-  /// Bytes for `batch` requests and `total_q` query rows (a request of n >= 1 queries has
-  /// t = ceil(n / tokens) <= n tiles in 2 ceil(t / 2) <= n + 1 entries: a pair's missing
-  /// partner is the + 1), whatever the head geometry.
+  /// Bytes for `batch` requests and `total_q` query rows: a request of n >= 1 queries has
+  /// t = ceil(n / tokens) tiles in 2 ceil(t / 2) <= n + 1 entries as pairs (a pair's
+  /// missing partner is the + 1), or 2 t <= n + 1 as single tiles with empty partners
+  /// (tokens >= 2: at least 128 rows over at most 16 packed heads), whatever the head
+  /// geometry.
   PAGEDMHA_HD static int64_t bytes(int64_t batch, int64_t total_q) { return list_offset(batch) + 16 * (total_q + batch); }
 };
 
@@ -344,6 +346,30 @@ struct PlanLayout {
 constexpr int kD256ShortQ = PAGEDMHA_SM90_D256_SHORT_Q;
 /// Keys per tile of D = 256's 16-bit TMA path for a launch of max_q_len (launch.cuh).
 constexpr int d256_tma_block_n(int max_q_len) { return max_q_len <= kD256ShortQ ? 64 : 80; }
+
+/// Knob (off, prepared and not run: PAGEDMHA_SM90_PLAN_PAIR_ROUNDS=3): the plan runs
+/// each request's query tiles in pairs (tile n - 1 - j then tile j: a request's K / V
+/// read together, schedule.cuh) when the batch has at least this many rounds of pair
+/// units for the grid, and single tiles otherwise, and the walkers take each round's
+/// units in serpentine order (walk_order.h). A pair is two tiles of work, so a short grid
+/// of pairs idles: 86 pairs of one TP-8 rank's 8k-query extend on 66 clusters run two
+/// rounds for 1.3 rounds of work (the suites at 57b7d00 and c6c1e8d read gpt-oss-tp8
+/// bf16 at 359 and 323 TFLOP/s, H100), and 2-4 requests of an 8k Mooncake step balance at
+/// 0.63-0.79 in pairs against 0.82-0.88 in serpentine single tiles (a host model of the
+/// walk: docs/perf-notes/prefill-sm90-loop.md section 24). From three rounds on the
+/// pairs' idle tail is under a sixth of a round and their L2 reuse pays (gemma 16 x 1k:
+/// 7.8 rounds, +8%). 0: always pairs, round-robin.
+#ifndef PAGEDMHA_SM90_PLAN_PAIR_ROUNDS
+#define PAGEDMHA_SM90_PLAN_PAIR_ROUNDS 0
+#endif
+constexpr int kPlanPairRounds = PAGEDMHA_SM90_PLAN_PAIR_ROUNDS;
+
+/// Fewest pairs for which the plan pairs tiles: kPlanPairRounds rounds of `walkers`
+/// clusters, each pair giving `per_entry` units (KV heads x head groups / cluster); 0
+/// with the knob off.
+PAGEDMHA_HD int plan_min_pairs(int walkers, int per_entry) {
+  return (kPlanPairRounds * walkers + per_entry - 1) / per_entry;
+}
 
 /// Cost buckets of the longest-first order (KV tiles a pair of query tiles reads; longer
 /// pairs share the last bucket).

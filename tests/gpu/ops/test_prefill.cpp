@@ -2,11 +2,15 @@
 // soft-cap, lse) against the fp64 oracle, with poisoning.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "cuda/common/arch.h"
+#include "cuda/prefill_sm90/policy.h"
 #include "gpu/ops/harness.h"
 
 namespace gpu_test {
@@ -199,6 +203,120 @@ TEST(GpuPrefill, HeadDim256BothKeyTiles) {
     c.page_size = P;
     c.seed = 2810 + P;
     check_case(c);
+  }
+}
+
+// The Hopper plan (hopper/schedule.cuh plan_kernel) read back from the workspace: every
+// query tile of the batch in exactly one entry, as pairs (tile n - 1 - j, then j) when
+// the batch has policy.h kPlanPairRounds rounds of them for the grid, else as single
+// tiles with empty partners, longest first (causal, no window: KV tiles ceil(hi / BN)).
+// A batch of at least three rounds of pairs for a grid of one cluster per SM pair is pairs
+// on any grid; a batch of one pair is single tiles with the knob on (a library built with
+// PAGEDMHA_SM90_PLAN_PAIR_ROUNDS; this file may not be: the mode is read from the plan's
+// entry count, and required where this file sees the knob). The outputs against the
+// oracle as well.
+TEST(GpuPrefill, PlanPairsOrSingleTiles) {
+  REQUIRE_GPU();
+  if (pagedmha::cuda::kernel_path(0) != pagedmha::cuda::KernelPath::sm90) GTEST_SKIP() << "no Hopper prefill";
+  namespace sm90 = pagedmha::cuda::sm90;
+  using Pol = sm90::PrefillPolicy<128, false, true>;
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  AttnCase c = gpu_case(/*decode=*/false);
+  c.Hq = 32, c.Hkv = 16, c.D = 128;  // group 2: clusters of two, one head each, 16 units per entry
+  const int cluster = sm90::cluster_size(c.Hq / c.Hkv, true), pack = sm90::gqa_pack(c.Hq / c.Hkv / cluster);
+  const int tokens = sm90::tokens_per_tile(Pol::kBlockM, pack);
+  const int per_entry = c.Hkv * (c.Hq / c.Hkv / pack) / cluster;
+  const int many = (3 * (sms / cluster) + per_entry - 1) / per_entry;  // pairs on any grid of these clusters
+  static_assert(sm90::kPlanPairRounds <= 3, "a batch of 2 * many pairs is three rounds");
+  for (bool big : {false, true}) {
+    c.name = AttnCase().name;
+    c.kv_lens.clear(), c.q_lens.clear();
+    if (!big) {
+      c.kv_lens = {2 * tokens + 40};  // two tiles: one pair
+      c.q_lens = {2 * tokens};
+    } else {
+      for (int b = 0; b < many; ++b) {  // three tiles (two pairs) each, prefixes of 0 .. 40
+        c.q_lens.push_back(3 * tokens - b % 5);
+        c.kv_lens.push_back(c.q_lens.back() + 10 * (b % 5));
+      }
+    }
+    c.seed = 2900 + big;
+    c.name = describe(c) + (big ? " plan of many pairs" : " plan of one pair");
+    AttnProblem p = build(c);
+    DeviceMirror dev;
+    AttnViews v = dev.views(p);
+    const Buffer ws = poisoned_workspace(p);
+    v.workspace = ws.bytes_view();
+    run_attention(p, v);
+    pagedmha::synchronize();
+    dev.download(p.out);
+    dev.download(p.lse);
+    EXPECT_TRUE(check_attention(p, p.reference())) << c.name;
+
+    std::vector<uint8_t> bytes(ws.bytes());
+    pagedmha::copy_bytes(bytes.data(), Device::cpu(), ws.data(), gpu(), ws.bytes());
+    int count = 0;
+    std::memcpy(&count, bytes.data(), 4);
+    const int32_t* list = reinterpret_cast<const int32_t*>(bytes.data() + sm90::PlanLayout::list_offset(p.batch));
+    std::vector<int> cu(1, 0);
+    for (int n : p.q_lens) cu.push_back(cu.back() + n);
+    std::vector<std::vector<int>> seen(static_cast<size_t>(p.batch));
+    int tiles = 0, pair_units = 0;
+    for (int b = 0; b < p.batch; ++b) {
+      const int t = (p.q_lens[b] + tokens - 1) / tokens;
+      seen[b].assign(static_cast<size_t>(t), 0);
+      tiles += t;
+      pair_units += (t + 1) / 2;
+    }
+    const auto tile_of = [&](int e, int& b) {  // -1: empty, -2: not a tile of the batch
+      const int32_t* x = list + 4 * e;
+      b = x[0];
+      if (x[2] <= 0) return -1;
+      if (b < 0 || b >= p.batch || x[1] < cu[b] || x[1] >= cu[b + 1]) {
+        ADD_FAILURE() << c.name << " entry " << e << ": request " << b << " row " << x[1];
+        return -2;
+      }
+      const int m = (x[1] - cu[b]) / tokens;
+      EXPECT_EQ(x[1], cu[b] + m * tokens) << c.name << " entry " << e;
+      EXPECT_EQ(x[2], p.q_lens[b] - m * tokens) << c.name << " entry " << e;
+      EXPECT_EQ(x[3], c.kv_lens[b]) << c.name << " entry " << e;
+      return m;
+    };
+    // Pairs: ceil(t / 2) units per request; single tiles: t (the small batch tells them apart).
+    const bool pairs = count == 2 * pair_units;
+    ASSERT_TRUE(pairs || count == 2 * tiles) << c.name << ": count " << count;
+    if (big) EXPECT_TRUE(pairs) << c.name;
+    if (!big && sm90::kPlanPairRounds > 0) EXPECT_FALSE(pairs) << c.name;
+    ASSERT_EQ(count % 2, 0) << c.name;
+    ASSERT_TRUE(count >= 0 && sm90::PlanLayout::list_offset(p.batch) + 16 * int64_t{count} <= int64_t(bytes.size()))
+        << c.name << ": count " << count;
+    int last_cost = 1 << 30;
+    for (int e = 0; e < count; e += 2) {
+      int b0 = 0, b1 = 0;
+      const int m0 = tile_of(e, b0), m1 = tile_of(e + 1, b1);
+      ASSERT_GE(m0, 0) << c.name << " entry " << e << ": a unit's first tile is never empty";
+      ASSERT_GE(m1, -1) << c.name << " entry " << e + 1;
+      ++seen[b0][m0];
+      if (!pairs) {
+        EXPECT_EQ(m1, -1) << c.name << " entry " << e + 1 << ": single tiles have empty partners";
+        const int rows = std::min(p.q_lens[b0] - m0 * tokens, tokens);
+        const int cost = (c.kv_lens[b0] - p.q_lens[b0] + m0 * tokens + rows + Pol::kBlockN - 1) / Pol::kBlockN;
+        EXPECT_LE(cost, last_cost) << c.name << " entry " << e << ": longest first";
+        last_cost = cost;
+      } else {
+        const int n = static_cast<int>(seen[b0].size());
+        if (m1 >= 0) {
+          EXPECT_EQ(b1, b0) << c.name << " entry " << e + 1;
+          EXPECT_EQ(m0 + m1, n - 1) << c.name << " entry " << e << ": tile n - 1 - j with tile j";
+          ++seen[b1][m1];
+        } else {
+          EXPECT_EQ(2 * m0, n - 1) << c.name << " entry " << e << ": only the middle tile goes alone";
+        }
+      }
+    }
+    for (int b = 0; b < p.batch; ++b)
+      for (size_t m = 0; m < seen[b].size(); ++m) EXPECT_EQ(seen[b][m], 1) << c.name << " request " << b << " tile " << m;
   }
 }
 
