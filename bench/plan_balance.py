@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""A host model of how evenly the Hopper prefill's persistent grid shares a batch: the
+plan's units (pairs of a request's query tiles, or single tiles: policy.h
+kPlanPairRounds) sorted longest first and dealt to the walkers (clusters) as
+params.cuh Walk deals them, round-robin or serpentine (hopper/walk_order.h). A
+prediction tool for docs/perf-notes, not a measurement: it counts KV tiles (plus half a
+tile per unit for an item's fixed cost), not time, and ignores the L2 and the pipeline.
+
+Balance = ideal / makespan, the ideal being the total work over the walkers.
+
+  python3 bench/plan_balance.py                 # the standard shapes and TP-8 extends
+  python3 bench/plan_balance.py --replay R.json # time share of a replay report's steps
+
+The geometry follows prefill_sm90/policy.h for causal bf16 / fp8 KV loaded by TMA:
+192-row tiles at D = 64 bf16 (three consumer warpgroups), else 128; clusters of two for
+bf16 with an even GQA group; the largest pack <= 16 that divides the group per cluster;
+128-key tiles up to D = 128, 80 at D = 256 bf16, 64 for D = 256 fp8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+from typing import List, Sequence, Tuple
+
+UNIT_OVERHEAD = 0.5  # KV tiles' worth of an item's fixed cost (first step, epilogue)
+SMS = 132
+
+
+def geometry(hq: int, hkv: int, d: int, fp8: bool, sms: int = SMS) -> Tuple[int, int, int, int]:
+    """(tokens per query tile, units per plan entry, keys per KV tile, walkers)."""
+    group = hq // hkv
+    block_m = 192 if d == 64 and not fp8 else 128
+    cluster = 2 if not fp8 and group % 2 == 0 else 1
+    g = group // cluster
+    pack = next((p for p in range(min(g, 16), 1, -1) if g % p == 0), 1)
+    per_entry = hkv * (group // pack) // cluster
+    block_n = 128 if d <= 128 else (64 if fp8 else 80)
+    return block_m // pack, per_entry, block_n, sms // cluster
+
+
+def tile_costs(requests: Sequence[Tuple[int, int]], tokens: int, block_n: int) -> List[List[int]]:
+    """KV tiles of each query tile of each (queries n, keys L) request, causal bottom-right."""
+    out = []
+    for n, keys in requests:
+        costs = []
+        for m in range(math.ceil(n / tokens)):
+            rest = n - m * tokens
+            hi = keys - rest + min(rest, tokens)
+            costs.append(math.ceil(hi / block_n))
+        out.append(costs)
+    return out
+
+
+def units(costs: List[List[int]], pairs: bool) -> List[int]:
+    """Unit costs: tile n - 1 - j with tile j per request, or every tile alone."""
+    if not pairs:
+        return [c for request in costs for c in request]
+    out = []
+    for request in costs:
+        n = len(request)
+        for j in range((n + 1) // 2):
+            m0 = n - 1 - j
+            out.append(request[m0] + (request[j] if j < m0 else 0))
+    return out
+
+
+def balance(unit_costs: List[int], per_entry: int, walkers: int, serpentine: bool) -> float:
+    """Ideal / makespan of the units dealt longest first, per_entry items each."""
+    items = [c + UNIT_OVERHEAD for c in sorted(unit_costs, reverse=True) for _ in range(per_entry)]
+    load = [0.0] * walkers
+    for q, cost in enumerate(items):
+        k, r = divmod(q, walkers)
+        load[walkers - 1 - r if serpentine and k % 2 else r] += cost
+    return (sum(load) / walkers) / max(load) if items else 1.0
+
+
+def report(name: str, requests, model, pair_rounds: int = 3) -> str:
+    tokens, per_entry, block_n, walkers = geometry(*model)
+    costs = tile_costs(requests, tokens, block_n)
+    main = balance(units(costs, True), per_entry, walkers, False)
+    n_pairs = len(units(costs, True))
+    use_pairs = n_pairs * per_entry >= pair_rounds * walkers
+    knob = balance(units(costs, use_pairs), per_entry, walkers, True)
+    return (f"{name:44s} pairs {n_pairs:5d} ({n_pairs * per_entry / walkers:5.1f} rounds): "
+            f"main {main:.2f}, knob {knob:.2f} ({'pairs' if use_pairs else 'single tiles'})")
+
+
+MODELS = {
+    "llama3-8b": (32, 8, 128, False), "gpt-oss": (64, 8, 64, False), "gemma": (16, 8, 256, False),
+    "gpt-oss fp8": (64, 8, 64, True), "gpt-oss-tp8": (8, 1, 64, False), "gpt-oss-tp8 fp8": (8, 1, 64, True),
+}
+
+
+def standard_rows() -> List[str]:
+    rows = []
+    for name in ("llama3-8b", "gpt-oss", "gemma", "gpt-oss fp8"):
+        for label, reqs in (("1x16k", [(16384, 16384)]), ("4x4k", [(4096, 4096)] * 4),
+                            ("16x1k", [(1024, 1024)] * 16), ("8x8k q2k", [(2048, 8192)] * 8)):
+            rows.append(report(f"{name} {label}", reqs, MODELS[name]))
+    for name in ("gpt-oss-tp8", "gpt-oss-tp8 fp8"):
+        rows.append(report(f"{name} 1x16k q8k", [(8192, 16384)], MODELS[name]))
+    rows.append(report("gpt-oss-tp8 fp8 q2000 over 30000", [(2000, 30000)], MODELS["gpt-oss-tp8 fp8"]))
+    rows.append(report("gpt-oss-tp8 fp8 2 x q3000 over 20000", [(3000, 20000)] * 2, MODELS["gpt-oss-tp8 fp8"]))
+    return rows
+
+
+def replay_shares(doc: dict) -> List[str]:
+    """A replay report's sampled steps by (extend tokens in thousands, extend rows): steps,
+    share of the sampled attention time, and floor / time (the steps' roofline ratio)."""
+    s = doc["steps"]
+    total = sum(s["attention_us"]) or 1.0
+    acc = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for tok, dec, rows, us, floor in zip(s["tokens"], s["decode_rows"], s["extend_rows"], s["attention_us"],
+                                         s["floor_us"]):
+        key = (min((tok - dec) // 1024, 8), min(rows, 4))
+        acc[key][0] += 1
+        acc[key][1] += us
+        acc[key][2] += floor
+    out = ["extend tokens (k), extend rows: steps, time share, floor / time"]
+    for key in sorted(acc):
+        n, us, floor = acc[key]
+        out.append(f"{key[0]}k, {key[1]}{'+' if key[1] == 4 else ''}: {n}, {us / total:.3f}, "
+                   f"{floor / us if us else 0:.2f}")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--replay", help="a pagedmha replay report (bench/results/*-replay-*.json)")
+    args = ap.parse_args(argv)
+    if args.replay:
+        with open(args.replay) as f:
+            print("\n".join(replay_shares(json.load(f))))
+    else:
+        print("\n".join(standard_rows()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
