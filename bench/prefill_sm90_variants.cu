@@ -173,9 +173,8 @@ int main(int argc, char** argv) {
     const double us = s.d == 256   ? run_shape<256, false>(s, sms, stream)
                       : s.d == 128 ? (s.fp8 ? run_shape<128, true>(s, sms, stream) : run_shape<128, false>(s, sms, stream))
                                    : (s.fp8 ? run_shape<64, true>(s, sms, stream) : run_shape<64, false>(s, sms, stream));
-    // Causal, bottom-right: query i of the last q sees seq - q + i + 1 keys.
-    const double q = s.queries();
-    const double pairs = double(s.batch) * (q * (s.seq - q) + q * (q + 1) / 2.0);
+    // Causal, bottom-right, counted by the variant object (pagedmha/variant.h).
+    const double pairs = double(s.batch) * double(MaskVariant{true, -1}.pairs(s.seq, s.queries()));
     const double tflops = us > 0 ? 4.0 * s.hq * s.d * pairs / (us * 1e-6) / 1e12 : 0.0;
     std::printf("%-24s %-10s %2dx%-6d q%-6d p%-3d%s %-4s %10.1f us %8.1f TFLOP/s\n", argv[1], s.model, s.batch, s.seq,
                 s.queries(), s.page, s.linear ? " in order" : "", s.fp8 ? "fp8" : "bf16", us, tflops);

@@ -33,7 +33,8 @@
 // nowhere (the default: fp8 KV at D = 64 and 16-bit KV at D = 128), =2 recomputes S for
 // every tile instead (its rare path, slow). PAGEDMHA_SM90_D256_SHORT_Q=n: launches at
 // D = 256 with 16-bit KV by TMA and max_q_len <= n take 64-key tiles, the others 80
-// (kD256ShortQ; 0: always 80).
+// (kD256ShortQ; 0: always 80). PAGEDMHA_SM90_PLAN_PAIR_ROUNDS=3: single tiles for short
+// grids and a serpentine walk (kPlanPairRounds; prepared, not run).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -322,8 +323,8 @@ inline bool q_tma_ok(bool fp8_q, int64_t row_stride_bytes, int64_t head_stride_b
 }
 
 /// Workspace of the plan (all offsets 16-byte aligned): the count of entries, the
-/// per-request pair prefix, then the pairs of query tiles in the order to run them (two
-/// 16-byte entries each: hopper/schedule.cuh).
+/// per-request prefix of units (pairs or single tiles), then the units in the order to
+/// run them (two 16-byte entries each: hopper/schedule.cuh).
 struct PlanLayout {
   static constexpr int64_t kHeader = 16;
   PAGEDMHA_HD static int64_t prefix_offset() { return kHeader; }
@@ -338,10 +339,11 @@ struct PlanLayout {
 
 /// D = 256, 16-bit KV by TMA: launches whose longest query run (the host bound
 /// max_q_len) is at most this many tokens take 64-key tiles, the others 80. Against 80 on
-/// the H100 (2026-12-06; docs/perf-notes/prefill-sm90-loop.md sections 20-23): 64 is
-/// +6-13% at gemma 16 x 1k (1024 keys are 12.8 tiles of 80: a causal query tile reads up
-/// to 79 keys past its diagonal and has two or three masked tiles), and 80 is +4-8% at
-/// 4 x 4k and +3-6% at 2k-query chunks over 8k keys. A host bound: under a CUDA graph
+/// the H100 (2026-12-06; docs/perf-notes/prefill-sm90-loop.md sections 20-23): 64 was
+/// +6-13% at gemma 16 x 1k before the plan kept a request's pairs together and +1.5% with
+/// it (s28run3; 1024 keys are 12.8 tiles of 80: a causal query tile reads up to 79 keys
+/// past its diagonal and has two or three masked tiles), and 80 is +4-8% at 4 x 4k and
+/// +3-6% at 2k-query chunks over 8k keys. A host bound: under a CUDA graph
 /// the choice is the capture's (both tiles give the same results up to bf16 rounding).
 constexpr int kD256ShortQ = PAGEDMHA_SM90_D256_SHORT_Q;
 /// Keys per tile of D = 256's 16-bit TMA path for a launch of max_q_len (launch.cuh).
