@@ -5,7 +5,6 @@
 //
 //   backend_overhead [--device cpu|cuda] [--out DIR] [--iters N]
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -118,16 +117,10 @@ int main(int argc, char** argv) {
   char date[16];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y%m%d", std::localtime(&now));
-  // The card's model names the file ("NVIDIA H100 80GB HBM3" -> h100), as scripts/gpu.sh
-  // names the replays'.
+  // The card's model names the file ("NVIDIA H100 80GB HBM3" -> h100).
   const std::string gpu_name = pagedmha::tools::device_name(dev);
-  std::string tag = gpu_name.rfind("NVIDIA ", 0) == 0 ? gpu_name.substr(7) : gpu_name;
-  tag = tag.substr(0, tag.find(' '));
-  for (char& ch : tag) {  // a file name: letters and digits ("cuda:0" where the name is unknown)
-    const auto u = static_cast<unsigned char>(ch);
-    ch = std::isalnum(u) ? static_cast<char>(std::tolower(u)) : '-';
-  }
-  const std::string path = out_dir + "/" + tag + "-backend_overhead-" + date + ".json";
+  const std::string path =
+      out_dir + "/" + pagedmha::tools::device_file_tag(gpu_name) + "-backend_overhead-" + date + ".json";
   std::ofstream f(path);
   // The commit comes from the environment (PAGEDMHA_COMMIT=$(git rev-parse --short HEAD)).
   const char* commit = std::getenv("PAGEDMHA_COMMIT");

@@ -2,6 +2,7 @@
 // the CUDA runtime in CUDA builds.
 #include <unistd.h>
 
+#include <cctype>
 #include <string>
 
 #include "pagedmha/error.h"
@@ -21,6 +22,16 @@ std::string device_name(Device device) {
   if (cudaGetDeviceProperties(&prop, device.index) == cudaSuccess) return prop.name;
 #endif
   return device.str();
+}
+
+std::string device_file_tag(const std::string& name) {
+  std::string tag = name.rfind("NVIDIA ", 0) == 0 ? name.substr(7) : name;
+  tag = tag.substr(0, tag.find(' '));
+  for (char& ch : tag) {
+    const auto u = static_cast<unsigned char>(ch);
+    ch = std::isalnum(u) ? static_cast<char>(std::tolower(u)) : '-';
+  }
+  return tag;
 }
 
 DeviceCeilings device_ceilings_of(Device device) {

@@ -16,6 +16,10 @@ struct DeviceCeilings {
 
 /// "NVIDIA H200" (cudaGetDeviceProperties) or "cpu".
 std::string device_name(Device device);
+/// A report file's prefix for a device name: the model's first word after "NVIDIA ",
+/// lower case, letters and digits only ("NVIDIA H100 80GB HBM3" -> "h100", "cpu" -> "cpu",
+/// "cuda:0" -> "cuda-0"); scripts/gpu.sh names the replays' files the same way.
+std::string device_file_tag(const std::string& name);
 /// Ceilings of PERFORMANCE.md for a known GPU (H200), zeros otherwise.
 DeviceCeilings device_ceilings_of(Device device);
 
