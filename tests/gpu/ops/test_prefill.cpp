@@ -228,6 +228,7 @@ TEST(GpuPrefill, PlanPairsOrSingleTiles) {
   const int tokens = sm90::tokens_per_tile(Pol::kBlockM, pack);
   const int per_entry = c.Hkv * (c.Hq / c.Hkv / pack) / cluster;
   const int many = (3 * (sms / cluster) + per_entry - 1) / per_entry;  // pairs on any grid of these clusters
+  ASSERT_LE(2 * many, 32) << "the adjacency check below needs every pair in one warp of the plan";
   static_assert(sm90::kPlanPairRounds <= 3, "a batch of 2 * many pairs is three rounds");
   for (bool big : {false, true}) {
     c.name = AttnCase().name;
@@ -292,6 +293,7 @@ TEST(GpuPrefill, PlanPairsOrSingleTiles) {
     ASSERT_TRUE(count >= 0 && sm90::PlanLayout::list_offset(p.batch) + 16 * int64_t{count} <= int64_t(bytes.size()))
         << c.name << ": count " << count;
     int last_cost = 1 << 30;
+    std::vector<int> first_unit(static_cast<size_t>(p.batch), -1), units_of(static_cast<size_t>(p.batch), 0);
     for (int e = 0; e < count; e += 2) {
       int b0 = 0, b1 = 0;
       const int m0 = tile_of(e, b0), m1 = tile_of(e + 1, b1);
@@ -306,6 +308,12 @@ TEST(GpuPrefill, PlanPairsOrSingleTiles) {
         last_cost = cost;
       } else {
         const int n = static_cast<int>(seen[b0].size());
+        // A request's pairs are adjacent: one bucket per request, and places in pair order
+        // within a warp (here every pair of the batch is in one warp of the plan CTA).
+        if (first_unit[b0] < 0) first_unit[b0] = e / 2;
+        EXPECT_EQ(e / 2, first_unit[b0] + units_of[b0]) << c.name << " entry " << e << ": request " << b0
+                                                        << "'s pairs apart";
+        ++units_of[b0];
         if (m1 >= 0) {
           EXPECT_EQ(b1, b0) << c.name << " entry " << e + 1;
           EXPECT_EQ(m0 + m1, n - 1) << c.name << " entry " << e << ": tile n - 1 - j with tile j";
