@@ -33,8 +33,9 @@
 // nowhere (the default: fp8 KV at D = 64 and 16-bit KV at D = 128), =2 recomputes S for
 // every tile instead (its rare path, slow). PAGEDMHA_SM90_D256_SHORT_Q=n: launches at
 // D = 256 with 16-bit KV by TMA and max_q_len <= n take 64-key tiles, the others 80
-// (kD256ShortQ; 0: always 80). PAGEDMHA_SM90_PLAN_PAIR_ROUNDS=3: single tiles for short
-// grids and a serpentine walk (kPlanPairRounds; prepared, not run).
+// (kD256ShortQ; 0: always 80). PAGEDMHA_SM90_PLAN_PAIR_ROUNDS=n: single tiles for grids
+// of fewer than n rounds of pairs, and a serpentine walk (kPlanPairRounds, default 3; 0:
+// always pairs, round-robin).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -349,9 +350,8 @@ constexpr int kD256ShortQ = PAGEDMHA_SM90_D256_SHORT_Q;
 /// Keys per tile of D = 256's 16-bit TMA path for a launch of max_q_len (launch.cuh).
 constexpr int d256_tma_block_n(int max_q_len) { return max_q_len <= kD256ShortQ ? 64 : 80; }
 
-/// Knob (off, prepared and not run: PAGEDMHA_SM90_PLAN_PAIR_ROUNDS=3): the plan runs
-/// each request's query tiles in pairs (tile n - 1 - j then tile j: a request's K / V
-/// read together, schedule.cuh) when the batch has at least this many rounds of pair
+/// The plan runs each request's query tiles in pairs (tile n - 1 - j then tile j: a
+/// request's K / V read together, schedule.cuh) when the batch has at least this many rounds of pair
 /// units for the grid, and single tiles otherwise, and the walkers take each round's
 /// units in serpentine order (walk_order.h). A pair is two tiles of work, so a short grid
 /// of pairs idles: 86 pairs of one TP-8 rank's 8k-query extend on 66 clusters run two
@@ -360,9 +360,12 @@ constexpr int d256_tma_block_n(int max_q_len) { return max_q_len <= kD256ShortQ 
 /// 0.63-0.79 in pairs against 0.82-0.88 in serpentine single tiles (a host model of the
 /// walk: docs/perf-notes/prefill-sm90-loop.md section 24). From three rounds on the
 /// pairs' idle tail is under a sixth of a round and their L2 reuse pays (gemma 16 x 1k:
-/// 7.8 rounds, +8%). 0: always pairs, round-robin.
+/// 7.8 rounds, +8%). Measured against pairs round-robin (s29run1, H100; section 24):
+/// the bf16 extend above +35%, a 2k chunk over 28k keys +90%, two 3k chunks over 20k
+/// +31%, the batches of three rounds or more within the spread. Knob
+/// PAGEDMHA_SM90_PLAN_PAIR_ROUNDS (0: always pairs, round-robin).
 #ifndef PAGEDMHA_SM90_PLAN_PAIR_ROUNDS
-#define PAGEDMHA_SM90_PLAN_PAIR_ROUNDS 0
+#define PAGEDMHA_SM90_PLAN_PAIR_ROUNDS 3
 #endif
 constexpr int kPlanPairRounds = PAGEDMHA_SM90_PLAN_PAIR_ROUNDS;
 

@@ -57,7 +57,7 @@ TEST(WalkOrder, SerpentineBalancesARamp) {
   }
 }
 
-// Pairs from kPlanPairRounds rounds of units on (a knob, off: 0 pairs suffice): at three
+// Pairs from kPlanPairRounds rounds of units on (0 with the knob at 0: always pairs): at three
 // rounds 66 clusters of one KV head (a TP-8 rank) need 198 pairs, 132 CTAs of 8 units per
 // pair (gpt-oss fp8) 50.
 TEST(WalkOrder, PairsFromThreeRounds) {

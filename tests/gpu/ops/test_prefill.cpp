@@ -211,10 +211,10 @@ TEST(GpuPrefill, HeadDim256BothKeyTiles) {
 // the batch has policy.h kPlanPairRounds rounds of them for the grid, else as single
 // tiles with empty partners, longest first (causal, no window: KV tiles ceil(hi / BN)).
 // A batch of at least three rounds of pairs for a grid of one cluster per SM pair is pairs
-// on any grid; a batch of one pair is single tiles with the knob on (a library built with
-// PAGEDMHA_SM90_PLAN_PAIR_ROUNDS; this file may not be: the mode is read from the plan's
-// entry count, and required where this file sees the knob). The outputs against the
-// oracle as well.
+// on any grid; a batch of one pair is single tiles by default (a library built with
+// PAGEDMHA_SM90_PLAN_PAIR_ROUNDS=0 pairs it; this file may not see the knob: the mode is
+// read from the plan's entry count, and required where this file sees the knob). The
+// outputs against the oracle as well.
 TEST(GpuPrefill, PlanPairsOrSingleTiles) {
   REQUIRE_GPU();
   if (pagedmha::cuda::kernel_path(0) != pagedmha::cuda::KernelPath::sm90) GTEST_SKIP() << "no Hopper prefill";
