@@ -217,10 +217,6 @@ __global__ void __launch_bounds__(kDecodeMergeThreads) decode_merge_kernel(const
   MergeRow cr{};
   if constexpr (kUnroll > 0) cr = merge_row(a, static_cast<int>(blockIdx.x), rows);
   const bool by_warp = wr.count > 1 && wr.count <= kWarpMax, by_cta = cr.count > kWarpMax;
-  if constexpr (kDecodeMergeExitEmpty && kUnroll > 0) {
-    // CTA-uniform; CTA 0 waits below whatever it finds, so the grid ends after the decode's.
-    if (!__syncthreads_or(by_warp || by_cta) && blockIdx.x != 0) return;
-  }
   // Every thread waits: work after the merge in the stream may read the grid's writes.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -91,16 +91,6 @@ constexpr bool decode_merge_by_warp(int head_dim, int max_count) {
   return PAGEDMHA_DECODE_MERGE_BY_WARP != 0 && max_count <= decode_merge_warp_max_splits(head_dim);
 }
 
-// Knob (off, prepared: PAGEDMHA_DECODE_MERGE_EXIT_EMPTY=1): in the CTA-per-row merge
-// grid (a page table wider than the lengths need, as an engine's CUDA-graph tables are)
-// a CTA that finds no row to merge exits before the grid wait, so three quarters of the
-// grid can retire while the decode still runs; CTA 0 always waits, which keeps the merge
-// grid's end after the decode grid's (docs/perf-notes/decode-merge.md section 6).
-#ifndef PAGEDMHA_DECODE_MERGE_EXIT_EMPTY
-#define PAGEDMHA_DECODE_MERGE_EXIT_EMPTY 0
-#endif
-constexpr bool kDecodeMergeExitEmpty = PAGEDMHA_DECODE_MERGE_EXIT_EMPTY != 0;
-
 /// CTAs of the merge of `rows` rows (query rows x query heads).
 constexpr int decode_merge_ctas(int head_dim, int max_count, int rows) {
   return decode_merge_by_warp(head_dim, max_count) ? (rows + kDecodeMergeWarps - 1) / kDecodeMergeWarps : rows;
