@@ -11,11 +11,11 @@
 //     zero-filling keys outside the tile's span;
 //   * fp8 caches: the raw e4m3 tile lands (TMA boxes shared by the four warps as above,
 //     or the gather) in one of the staging slots, then all 128 threads convert it exactly
-//     into the 16-bit stage, zeroing keys outside the span. Two producer warpgroups
-//     where the policy says so: one loads Q and converts the K tiles, the other the V
-//     tiles, each through its own staging slots and named barrier, or (policy.h
-//     kFp8InPlace) each through its ring alone, the raw tile landing in the upper half of
-//     the stage it is converted into.
+//     into the 16-bit stage, zeroing keys outside the span. Two producer teams where
+//     the policy says so (two warpgroups, or policy.h kFp8Wg3's two halves of one): one
+//     loads Q and converts the K tiles, the other the V tiles, each through its own
+//     staging slots and named barrier, or (policy.h kFp8InPlace) each through its ring
+//     alone, the raw tile landing in the upper half of the stage it is converted into.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,8 +45,9 @@ struct Producer {
 
   const Sm90Params& p;
   const SmemLayout<Pol> sm;  // by value: a reference would put it in local memory
-  int tid;   // 0..127 within the producer warpgroup
-  int role;  // fp8 with two producer warpgroups: 0 loads Q and streams K, 1 streams V; else 0
+  int tid;   // 0 .. Pol::kRoleThreads - 1 within the producer team
+  int role;  // fp8 with two producer teams: 0 loads Q and streams K, 1 streams V; else 0
+  static constexpr int kTeam = Pol::kRoleThreads;  // threads of a producer team
 
   /// Keys [a, e) of KV tile `tile` that the query tile reads.
   struct Span {
@@ -60,13 +61,14 @@ struct Producer {
     return r;
   }
 
-  /// What a producer warpgroup loads: everything (one producer warpgroup), or with two
-  /// (fp8 caches) Q and the K tiles, or the V tiles. Compile-time in the loops, so each
-  /// warpgroup's code holds only its own pipeline state in its few registers.
+  /// What a producer team loads: everything (one team), or with two (fp8 caches) Q and
+  /// the K tiles, or the V tiles. Compile-time in the loops, so each team's code holds
+  /// only its own pipeline state in its few registers.
   enum class Role { kAll, kQK, kV };
 
   __device__ void run() {
-    if constexpr (Pol::kProducerWarpgroups == 2) {
+    static_assert(Pol::kProducerRoles == 1 || (kFp8 && kTma), "two producer teams convert TMA-loaded fp8 tiles");
+    if constexpr (Pol::kProducerRoles == 2) {
       if (role == 0) {
         run_as<Role::kQK>();
       } else {
@@ -81,13 +83,13 @@ struct Producer {
   __device__ void run_as() {
     KPipe ks;
     VPipe vs;
-    PipeState<kRawPerRole> raw;  // this warpgroup's fp8 staging slots (full barriers count TMA bytes)
+    PipeState<kRawPerRole> raw;  // this team's fp8 staging slots (full barriers count TMA bytes)
     PipeState<Pol::kQSlots> qs;
     const Walk walk(p);
     // The next item's plan entry is loaded as an item starts (four registers across the
-    // item), except in the two fp8 producer warpgroups, whose 56 registers it spills:
-    // they load an item's entry as it starts.
-    constexpr bool kPrefetch = Pol::kProducerWarpgroups == 1;
+    // item), except in the two fp8 producer teams, whose 56 registers it spills: they
+    // load an item's entry as it starts.
+    constexpr bool kPrefetch = Pol::kProducerRoles == 1;
     int4 next = kPrefetch ? walk.entry(p, walk.begin(p)) : make_int4(0, 0, 0, 0);
     for (int item = walk.begin(p); item < walk.total; item = walk.next(p, item)) {
       const QueryTile t = walk.template tile<BN>(p, item, kPrefetch ? next : walk.entry(p, item));
@@ -169,7 +171,7 @@ struct Producer {
       // 16-bit queries; of another type than the GEMMs' (bf16 for fp8 KV's fp16 GEMMs)
       // they are converted in place once every thread's copies have landed.
 #pragma unroll 1
-      for (int idx = tid; idx < BM * kChunks; idx += 128) {
+      for (int idx = tid; idx < BM * kChunks; idx += kTeam) {
         const int r = idx / kChunks, c = idx % kChunks;
         const int tok = r / p.pack;
         const bool valid = r < rows && tok < t.n_tok;
@@ -184,7 +186,7 @@ struct Producer {
       } else {
         cp_async_commit();
         cp_async_wait<0>();
-        named_sync(kBarProducer + role, 128);  // every thread's chunks have landed
+        named_sync(kBarProducer + role, kTeam);  // every thread's chunks have landed
         convert_q_in_place(slot);
         fence_async_smem();
         arrive(full);
@@ -192,7 +194,7 @@ struct Producer {
     } else {
       // fp8 e4m3 queries: 16 values per load, converted exactly to M.
 #pragma unroll 1
-      for (int idx = tid; idx < BM * (D / 16); idx += 128) {
+      for (int idx = tid; idx < BM * (D / 16); idx += kTeam) {
         const int r = idx / (D / 16), c = idx % (D / 16);
         const int tok = r / p.pack;
         uint4 out[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
@@ -217,15 +219,15 @@ struct Producer {
   __device__ void convert_q_in_place(int slot) const {
     if constexpr (std::is_same<T, __nv_bfloat16>::value && std::is_same<M, __half>::value) {
       const uint32_t q_smem = smem_addr(sm.q(slot));
-      constexpr int kPerThread = BM * kChunks / 128, kGroup = 2;
-      static_assert(BM * kChunks % 128 == 0 && kPerThread % kGroup == 0, "whole groups");
+      constexpr int kPerThread = BM * kChunks / kTeam, kGroup = 2;
+      static_assert(BM * kChunks % kTeam == 0 && kPerThread % kGroup == 0, "whole groups");
 #pragma unroll 1
       for (int g = 0; g < kPerThread; g += kGroup) {
         uint4 v[kGroup];
 #pragma unroll
-        for (int u = 0; u < kGroup; ++u) v[u] = lds128(q_smem + (tid + (g + u) * 128) * 16);
+        for (int u = 0; u < kGroup; ++u) v[u] = lds128(q_smem + (tid + (g + u) * kTeam) * 16);
 #pragma unroll
-        for (int u = 0; u < kGroup; ++u) sts128(q_smem + (tid + (g + u) * 128) * 16, bf16x8_to_half_sat(v[u]));
+        for (int u = 0; u < kGroup; ++u) sts128(q_smem + (tid + (g + u) * kTeam) * 16, bf16x8_to_half_sat(v[u]));
       }
     }
   }
@@ -244,9 +246,10 @@ struct Producer {
   /// Issuing a box costs a serial chain (elect a lane, move its coordinates to uniform
   /// registers, UTMALDG): one warp issuing every box of a tile was the producer's limit
   /// (H200: a page-16 tile's 16 boxes took ~2,300 cycles; docs/perf-notes/prefill-sm90.md), so the
-  /// warps split the boxes: unit i of a tile (from the first overlapping [a, e)) belongs
-  /// to lane i / kTmaWarps of warp i % kTmaWarps.
-  static constexpr int kTmaWarps = 4;
+  /// team's warps split the boxes: unit i of a tile (from the first overlapping [a, e))
+  /// belongs to lane i / kTmaWarps of warp i % kTmaWarps (64 units or more: a tile of up
+  /// to 128 keys has at most 16 boxes, kv_boxes.h).
+  static constexpr int kTmaWarps = kTeam / 32;
   __device__ int my_unit() const { return (tid & 31) * kTmaWarps + (tid >> 5); }
   /// Arrivals on a 16-bit TMA full barrier per phase: every lane of warp 0 (a
   /// cp.async.mbarrier.arrive.noinc, which also waits for the lane's V-tail copies, if
@@ -393,13 +396,13 @@ struct Producer {
 
   // ---- fp8 K / V ---------------------------------------------------------------------
 
-  /// Staging slots per producer warpgroup: all of them with one, half each with two (the
-  /// K warpgroup's first, then the V warpgroup's).
-  static constexpr int kRawPerRole = Pol::kRawSlots > 0 ? Pol::kRawSlots / Pol::kProducerWarpgroups : 1;
+  /// Staging slots per producer team: all of them with one, half each with two (the K
+  /// team's first, then the V team's).
+  static constexpr int kRawPerRole = Pol::kRawSlots > 0 ? Pol::kRawSlots / Pol::kProducerRoles : 1;
 
-  /// Element x of this warpgroup's stream of an item's tiles: with one producer
-  /// warpgroup the consumers' order K0, K1, V0, K2, V1, .. (kv_order, 2n elements); with
-  /// two, its own K or V tiles, last key tile first (n elements each).
+  /// Element x of this team's stream of an item's tiles: with one producer team the
+  /// consumers' order K0, K1, V0, K2, V1, .. (kv_order, 2n elements); with two, its own
+  /// K or V tiles, last key tile first (n elements each).
   struct Elem {
     int tile;
     bool is_v;
@@ -416,14 +419,14 @@ struct Producer {
     }
   }
 
-  /// The item's K / V tiles through the warpgroup's kRawPerRole staging slots: elements
+  /// The item's K / V tiles through the team's kRawPerRole staging slots: elements
   /// x + 1 .. x + kRawPerRole - 1 are in flight while element x converts into its stage.
   /// `after_first_loads` runs once the first loads are out (finishing the item's Q).
   template <Role kRole, class AfterFirstLoads>
   __device__ void convert_kv(const QueryTile& t, const int32_t* pages, int n, KPipe& ks, VPipe& vs,
                              PipeState<kRawPerRole>& raw, AfterFirstLoads after_first_loads) {
     constexpr int R = kRawPerRole;
-    // This warpgroup's staging slots and named barrier.
+    // This team's staging slots and named barrier.
     constexpr int kSlot0 = kRole == Role::kV ? kRawPerRole : 0;
     constexpr int kBar = kBarProducer + (kRole == Role::kV ? 1 : 0);
     const auto elem = [&](int x) { return Producer::elem<kRole>(t, n, x); };
@@ -444,7 +447,7 @@ struct Producer {
         } else {
           cp_async_wait<0>();
         }
-        named_sync(kBar, 128);  // every thread's raw chunks of element x have landed
+        named_sync(kBar, kTeam);  // every thread's raw chunks of element x have landed
       }
       const Elem e = elem(x);
       const Span sp = span(t, e.tile);
@@ -453,7 +456,7 @@ struct Producer {
       convert_tile(smem_addr(sm.raw(kSlot0 + raw.slot)), smem_addr(e.is_v ? sm.v(slot) : sm.k(slot)), sp);
       fence_async_smem();
       arrive(e.is_v ? sm.v_full(slot) : sm.k_full(slot));
-      named_sync(kBar, 128);  // the staging slot may be refilled
+      named_sync(kBar, kTeam);  // the staging slot may be refilled
       if (x + R < total) {
         issue_raw(t, elem(x + R), sm.raw(kSlot0 + raw.slot), sm.raw_full(kSlot0 + raw.slot), ahead);
         if (!kTma) cp_async_commit();
@@ -500,8 +503,8 @@ struct Producer {
   }
 
   /// One raw e4m3 tile (dense rows of D bytes) into its 16-bit stage (swizzled rows) as M.
-  /// A thread's chunks are 128 apart (same column, rows 128 / (D / 16) apart: one swizzle
-  /// phase, so addresses differ by constants). Each group of kFp8ConvertUnroll chunks is
+  /// A thread's chunks are kTeam apart (same column, rows kTeam / (D / 16) apart: one
+  /// swizzle phase, so addresses differ by constants). Each group of kFp8ConvertUnroll chunks is
   /// loaded before any of it converts, so its loads are in flight together; keys outside
   /// the span have their raw bytes zeroed (e4m3 0 is +0) instead of a guarded load (one
   /// branch and one round trip per chunk). Tiles inside the span (all but an item's first
@@ -515,14 +518,14 @@ struct Producer {
   }
   template <bool kEdge>
   __device__ __forceinline__ void convert_tile_as(uint32_t src, uint32_t dst, const Span& sp) const {
-    constexpr int kPerThread = BN * (D / 16) / 128;  // 16-byte raw chunks per thread
+    constexpr int kPerThread = BN * (D / 16) / kTeam;  // 16-byte raw chunks per thread
     constexpr int U = Pol::kFp8ConvertUnroll < kPerThread ? Pol::kFp8ConvertUnroll : kPerThread;
-    static_assert(BN * (D / 16) % 128 == 0 && kPerThread % U == 0, "whole groups of chunks per thread");
+    static_assert(BN * (D / 16) % kTeam == 0 && kPerThread % U == 0, "whole groups of chunks per thread");
     // Chunk k of the thread: raw row r0 + k * kRowStep, column c0 (16 bytes); its two
     // 16-bit chunks keep their swizzle phase (kRowStep is a multiple of 8), so every
     // address is a base plus a compile-time step: three registers across the tile, where
     // per-chunk offsets hoisted out of the loop spilled the producer's 40 registers.
-    constexpr int kRowStep = 128 / (D / 16);
+    constexpr int kRowStep = kTeam / (D / 16);
     static_assert(kRowStep % 8 == 0, "one swizzle phase per thread");
     // Each 8-thread phase of a 16-byte access reads 4 chunks (a piece) of an even row and
     // 4 of the next row, pieces of opposite parity above D = 64: its loads still cover all

@@ -1,6 +1,6 @@
 // The Hopper prefill / extend kernel: a persistent grid (one CTA per SM, clusters of two
 // when they can share K / V) walking the plan's pairs of query tiles longest first; per CTA one
-// producer warpgroup (two for fp8 caches: producer.cuh) and two or three consumer
+// producer warpgroup (two for fp8 caches up to D = 128: producer.cuh) and two or three consumer
 // warpgroups (consumer.cuh) with
 // setmaxnreg moving registers to the consumers. Shapes and heuristics: policy.h.
 #pragma once
@@ -24,13 +24,14 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
   const SmemLayout<Pol> sm(smem_raw);
   const int tid = threadIdx.x;
   if (tid == 0) {
-    // TMA: Producer::kTmaFullArrivals; else every producer thread (cp.async, or the fp8
-    // conversion).
-    const uint32_t kv_arrivals = Pol::kKvTma && !Pol::kFp8Kv ? Producer<Pol, T, KV>::kTmaFullArrivals : 128;
+    // TMA: Producer::kTmaFullArrivals; else every thread of the producer team (cp.async,
+    // or the fp8 conversion).
+    const uint32_t kv_arrivals =
+        Pol::kKvTma && !Pol::kFp8Kv ? Producer<Pol, T, KV>::kTmaFullArrivals : Pol::kRoleThreads;
     // Every consumer warp of every CTA the stages are multicast to.
     const uint32_t releases = Pol::kConsumerWarps * p.cluster;
     for (int s = 0; s < Pol::kQSlots; ++s) {
-      Barrier::init(sm.q_full(s), p.tma_q && !p.q_convert ? 1 : 128);
+      Barrier::init(sm.q_full(s), p.tma_q && !p.q_convert ? 1 : Pol::kRoleThreads);
       Barrier::init(sm.q_land(s), 1);
       Barrier::init(sm.q_empty(s), Pol::kConsumerWarps);
     }
@@ -59,10 +60,10 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
   }
   if (tid < Pol::kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<Pol::kProducerRegs>();
-    if constexpr (Pol::kProducerWarpgroups == 1) {
+    if constexpr (Pol::kProducerRoles == 1) {
       Producer<Pol, T, KV>{p, sm, tid, 0}.run();
     } else {
-      Producer<Pol, T, KV>{p, sm, tid % 128, tid / 128}.run();
+      Producer<Pol, T, KV>{p, sm, tid % Pol::kRoleThreads, tid / Pol::kRoleThreads}.run();
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Pol::kConsumerRegs>();

@@ -35,7 +35,9 @@
 // D = 256 with 16-bit KV by TMA and max_q_len <= n take 64-key tiles, the others 80
 // (kD256ShortQ; 0: always 80). PAGEDMHA_SM90_PLAN_PAIR_ROUNDS=n: single tiles for grids
 // of fewer than n rounds of pairs, and a serpentine walk (kPlanPairRounds, default 3; 0:
-// always pairs, round-robin).
+// always pairs, round-robin). PAGEDMHA_SM90_FP8_WG3=1: fp8 KV at D = 64 with three
+// consumer warpgroups, fed by the producer warpgroup's two halves (kFp8Wg3; prepared,
+// not run).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -53,6 +55,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_WG3
 #define PAGEDMHA_SM90_WG3 1
+#endif
+#ifndef PAGEDMHA_SM90_FP8_WG3
+#define PAGEDMHA_SM90_FP8_WG3 0
 #endif
 #ifndef PAGEDMHA_SM90_FP8_UNROLL
 #define PAGEDMHA_SM90_FP8_UNROLL 0
@@ -118,13 +123,26 @@ struct PrefillPolicy {
   // saturating beyond 65504: docs/semantics.md).
   static constexpr bool kMmaF16 = Fp8Kv && PAGEDMHA_SM90_FP8_MMA_F16 != 0;
   static constexpr bool kKvTma = KvTma;
+  // Knob (off, prepared and not run): fp8 KV at D = 64 by TMA with three consumer
+  // warpgroups, the producer warpgroup split into two halves of two warps, one loading Q
+  // and converting the K tiles, the other the V tiles, each through its own staging
+  // slots and named barrier, as the two producer warpgroups do at D = 128 (which gained
+  // 22-30% over one warpgroup walking K and V in turn). Three consumer warpgroups fed by
+  // one warpgroup walking both were no faster than two, with or without the conversion
+  // (H200 s10run2-3: a V stage's release held up the K conversions behind it;
+  // docs/perf-notes/prefill-sm90-fp8.md sections 8, 9 and 12). Registers as bf16's
+  // three warpgroups (32 / 160: the consumers' 128-key tiles need 160, at 152 ptxas
+  // serializes their wgmmas; the converting producer spills in 32), or with
+  // PAGEDMHA_SM90_FP8_BLOCK_N=64 and PAGEDMHA_SM90_WG3_PRODUCER_REGS=56 64-key tiles
+  // and 56 / 152, where neither spills.
+  static constexpr bool kFp8Wg3 = Fp8Kv && D == 64 && KvTma && PAGEDMHA_SM90_FP8_WG3 != 0;
   // Consumer warpgroups of 64 query rows each (wgmma's M): two (128 rows), three at
   // D = 64 (192 rows, FA3's shape there): a D = 64 tile's GEMMs take about as long as its
   // 128 x 128 exponentials on the MUFU unit, so a third warpgroup's softmax fills the
   // tensor cores' idle time (docs/perf-notes/prefill-sm90.md). Only with TMA loads: the gather
   // producer does not fit the 32 registers three consumer warpgroups leave it.
-  // Not with fp8 KV either: its conversion does not fit the producer's 32 registers.
-  static constexpr int kConsumerWarpgroups = D == 64 && KvTma && !Fp8Kv && PAGEDMHA_SM90_WG3 ? 3 : 2;
+  // Not with fp8 KV either (but kFp8Wg3): its conversion does not fit those 32 registers.
+  static constexpr int kConsumerWarpgroups = (D == 64 && KvTma && !Fp8Kv && PAGEDMHA_SM90_WG3) || kFp8Wg3 ? 3 : 2;
   static constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;  // arrivals on an empty barrier
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   // Producer warpgroups: one; two for fp8 caches, one converting K and one V, each with
@@ -135,8 +153,13 @@ struct PrefillPolicy {
   // addresses do not fit the 56 registers two producer warpgroups leave each thread), and
   // not at D = 256, whose two staging slots would leave each warpgroup one (no load in
   // flight while it converts).
-  static constexpr int kProducerWarpgroups = Fp8Kv && KvTma && D <= 128 && PAGEDMHA_SM90_FP8_PRODUCERS == 2 ? 2 : 1;
+  static constexpr int kProducerWarpgroups =
+      Fp8Kv && KvTma && D <= 128 && PAGEDMHA_SM90_FP8_PRODUCERS == 2 && !kFp8Wg3 ? 2 : 1;
   static constexpr int kThreads = 128 * (kProducerWarpgroups + kConsumerWarpgroups);
+  // Producer teams (producer.cuh Role): one, or two (Q and K, and V) of kRoleThreads
+  // threads each: the two fp8 producer warpgroups, or kFp8Wg3's two halves of one.
+  static constexpr int kProducerRoles = kProducerWarpgroups == 2 || kFp8Wg3 ? 2 : 1;
+  static constexpr int kRoleThreads = 128 * kProducerWarpgroups / kProducerRoles;
   // Keys per tile: 128 (S = 64 x 128 per warpgroup: 64 registers) up to D = 128. At
   // D = 256, whose O accumulator alone is 128 registers per thread, 80 for 16-bit KV by
   // TMA (FA3's tile there; two K and two V stages of 40 KB; boxes of 16 rows, kv_boxes.h
@@ -165,7 +188,7 @@ struct PrefillPolicy {
   // Two producer warpgroups: 1 (more spills in their 56 registers; the other warpgroup's
   // conversion fills the latency).
   static constexpr int kFp8ConvertUnroll =
-      PAGEDMHA_SM90_FP8_UNROLL > 0 ? PAGEDMHA_SM90_FP8_UNROLL : (kProducerWarpgroups == 2 ? 1 : D == 256 ? 2 : 4);
+      PAGEDMHA_SM90_FP8_UNROLL > 0 ? PAGEDMHA_SM90_FP8_UNROLL : (kProducerRoles == 2 ? 1 : D == 256 ? 2 : 4);
   // setmaxnreg: 384 threads start with 168 registers (64K / 384, rounded down to 8);
   // the producer warpgroup gives some up and the consumers take them: 128 x 72 +
   // 256 x 216 = 64,512. The consumers need ~185 (D <= 128) to ~200 (D = 256, O alone is
@@ -351,9 +374,9 @@ constexpr int kD256ShortQ = PAGEDMHA_SM90_D256_SHORT_Q;
 constexpr int d256_tma_block_n(int max_q_len) { return max_q_len <= kD256ShortQ ? 64 : 80; }
 
 /// The plan runs each request's query tiles in pairs (tile n - 1 - j then tile j: a
-/// request's K / V read together, schedule.cuh) when the batch has at least this many rounds of pair
-/// units for the grid, and single tiles otherwise, and the walkers take each round's
-/// units in serpentine order (walk_order.h). A pair is two tiles of work, so a short grid
+/// request's K / V read together, schedule.cuh) when the batch has at least this many
+/// rounds of pair units for the grid, and single tiles otherwise, and the walkers take
+/// each round's units in serpentine order (walk_order.h). A pair is two tiles of work, so a short grid
 /// of pairs idles: 86 pairs of one TP-8 rank's 8k-query extend on 66 clusters run two
 /// rounds for 1.3 rounds of work (the suites at 57b7d00 and c6c1e8d read gpt-oss-tp8
 /// bf16 at 359 and 323 TFLOP/s, H100), and 2-4 requests of an 8k Mooncake step balance at
@@ -371,7 +394,7 @@ constexpr int kPlanPairRounds = PAGEDMHA_SM90_PLAN_PAIR_ROUNDS;
 
 /// Fewest pairs for which the plan pairs tiles: kPlanPairRounds rounds of `walkers`
 /// clusters, each pair giving `per_entry` units (KV heads x head groups / cluster); 0
-/// with the knob off.
+/// with the knob at 0.
 PAGEDMHA_HD int plan_min_pairs(int walkers, int per_entry) {
   return (kPlanPairRounds * walkers + per_entry - 1) / per_entry;
 }
