@@ -48,15 +48,25 @@ struct Consumer {
 
   /// A consumed K / V stage: its producer may refill it once the consumers of every CTA
   /// it multicasts to are done with it.
+  /// Lane 0 of each warp arrives; with policy.h kPredRelease by predicated instructions, else in
+  /// a branch around them (divergent: a BSSY / BSYNC region per release).
   __device__ void release(uint64_t* bar) const {
-    if ((ltid & 31) == 0) {
+    if constexpr (Pol::kPredRelease) {
+      const bool lane0 = (ltid & 31) == 0;
+      arrive_if(bar, lane0);
+      arrive_peer_if(bar, peer, lane0 && cluster == 2);
+    } else if ((ltid & 31) == 0) {
       arrive(bar);
       if (cluster == 2) Barrier::arrive(bar, peer, 1u);
     }
   }
   /// Q is this CTA's own.
   __device__ void release_q(int slot) const {
-    if ((ltid & 31) == 0) arrive(sm.q_empty(slot));
+    if constexpr (Pol::kPredRelease) {
+      arrive_if(sm.q_empty(slot), (ltid & 31) == 0);
+    } else if ((ltid & 31) == 0) {
+      arrive(sm.q_empty(slot));
+    }
   }
 
   /// S = Q K^T of the stage's first 8 NS keys (NS = BN / 8: all of them).

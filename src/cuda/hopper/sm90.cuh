@@ -179,6 +179,16 @@ __device__ __forceinline__ void arrive_if(uint64_t* bar, bool pred) {
       : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(static_cast<int>(pred))
       : "memory");
 }
+/// Barrier::arrive(bar, cta, 1) on the cluster peer `cta`'s copy of `bar` where `pred`,
+/// as predicated instructions (no branch).
+__device__ __forceinline__ void arrive_peer_if(uint64_t* bar, int cta, bool pred) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t.reg .b32 rem;\n\tsetp.ne.b32 p, %2, 0;\n\t"
+      "@p mapa.shared::cluster.u32 rem, %0, %1;\n\t@p mbarrier.arrive.shared::cluster.b64 _, [rem];\n\t}"
+      :
+      : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "r"(cta), "r"(static_cast<int>(pred))
+      : "memory");
+}
 __device__ __forceinline__ void expect_tx(uint64_t* bar, uint32_t bytes) { TxBarrier::expect_transaction(bar, bytes); }
 
 /// Arrives on `bar` once this thread's cp.async copies so far have landed (counts as one
