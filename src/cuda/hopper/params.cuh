@@ -125,7 +125,7 @@ struct SmemLayout {
 };
 
 // Named barriers (0 is __syncthreads): the producer warpgroups, the consumers' turn-taking.
-constexpr int kBarProducer = 1;  // producer warpgroup r's 128 threads: barrier kBarProducer + r
+constexpr int kBarProducer = 1;  // producer team r's kRoleThreads threads: barrier kBarProducer + r
 constexpr int kBarTurn0 = 3;     // consumer warpgroup w may issue its GEMMs: barrier kBarTurn0 + w
 
 }  // namespace pagedmha::cuda::sm90

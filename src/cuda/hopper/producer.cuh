@@ -2,20 +2,22 @@
 // streams its K / V tiles (last key tile first, the consumers' order: K0 K1 V0 K2 V1 ...)
 // into the swizzled rings, signalling the consumers through mbarriers. Three ways in,
 // chosen once per launch (paged_kv.cuh kv_tma_ok, policy.h q_tma_ok):
-//   * TMA: the four producer warps share each tile's boxes (a page, or a tile of a page:
-//     unit i to lane i / 4 of warp i % 4), page ids read in parallel one tile ahead; the
-//     rows of V's last page past the request's length are copied by hand (warp 0) so
-//     that what lies there (anything) never meets a zero probability;
+//   * TMA: the producer team's warps share each tile's boxes (a page, or a tile of a
+//     page: unit i to lane i / W of warp i % W, W = kTmaWarps, four for a whole
+//     warpgroup), page ids read in parallel one tile ahead; the rows of V's last page
+//     past the request's length are copied by hand (warp 0) so that what lies there
+//     (anything) never meets a zero probability;
 //   * cp.async gather (page size 1, odd sizes or strides): all 128 threads, one 16-byte
 //     chunk at a time through the page table (a tile's page ids read in one batch),
 //     zero-filling keys outside the tile's span;
-//   * fp8 caches: the raw e4m3 tile lands (TMA boxes shared by the four warps as above,
-//     or the gather) in one of the staging slots, then all 128 threads convert it exactly
-//     into the 16-bit stage, zeroing keys outside the span. Two producer teams where
-//     the policy says so (two warpgroups, or policy.h kFp8Wg3's two halves of one): one
-//     loads Q and converts the K tiles, the other the V tiles, each through its own
-//     staging slots and named barrier, or (policy.h kFp8InPlace) each through its ring
-//     alone, the raw tile landing in the upper half of the stage it is converted into.
+//   * fp8 caches: the raw e4m3 tile lands (TMA boxes shared by the warps as above, or
+//     the gather) in one of the staging slots, then all the team's threads convert it
+//     exactly into the 16-bit stage, zeroing keys outside the span. Two producer teams
+//     where the policy says so (two warpgroups, or policy.h kFp8Wg3's two halves of
+//     one): one loads Q and converts the K tiles, the other the V tiles, each through its
+//     own staging slots and named barrier, or (policy.h kFp8InPlace) each through its
+//     ring alone, the raw tile landing in the upper half of the stage it is converted
+//     into.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -42,7 +42,8 @@ __global__ void __launch_bounds__(Pol::kThreads, 1) prefill_kernel(const __grid_
       if (s < Pol::kKStages) Barrier::init(sm.k_empty(s), releases);
       if (s < Pol::kVStages) Barrier::init(sm.v_empty(s), releases);
     }
-    // fp8 tiles by TMA: lane 0 of each producer warp (each issues its share of the boxes).
+    // fp8 tiles by TMA: lane 0 of each warp of a producer team (each issues its share of
+    // the boxes).
     for (int r = 0; r < SmemLayout<Pol>::kRawBars; ++r) Barrier::init(sm.raw_full(r), Producer<Pol, T, KV>::kTmaWarps);
     cutlass::arch::fence_barrier_init();
   }

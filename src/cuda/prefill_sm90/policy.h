@@ -186,11 +186,13 @@ struct PrefillPolicy {
   // latency is ~3 conversions; two each with two producer warpgroups) where shared memory
   // allows, 2 at D = 256 (one each); none when converting in place.
   static constexpr int kRawSlots = !Fp8Kv || kFp8InPlace ? 0 : (D == 256 ? 2 : PAGEDMHA_SM90_FP8_RAW_SLOTS);
+  static_assert(kRawSlots == 0 || kRawSlots % kProducerRoles == 0 && kRawSlots >= kProducerRoles,
+                "staging slots of their own for each producer team");
   // 16-byte raw chunks each producer thread loads before converting them (loads in flight
   // per thread): 4 (+2% over 2 at llama3-8b 1 x 16k, H200 run 13), 2 at D = 256, where 4
   // spills in the producer's 72 registers.
-  // Two producer warpgroups: 1 (more spills in their 56 registers; the other warpgroup's
-  // conversion fills the latency).
+  // Two producer warpgroups (or teams): 1 (more spills in their 56 registers; the other
+  // team's conversion fills the latency).
   static constexpr int kFp8ConvertUnroll =
       PAGEDMHA_SM90_FP8_UNROLL > 0 ? PAGEDMHA_SM90_FP8_UNROLL : (kProducerRoles == 2 ? 1 : D == 256 ? 2 : 4);
   // setmaxnreg: 384 threads start with 168 registers (64K / 384, rounded down to 8);

@@ -86,9 +86,10 @@ void expect_fits(const char* what) {
   EXPECT_LE(128 * P::kProducerWarpgroups * P::kProducerRegs + 128 * P::kConsumerWarpgroups * P::kConsumerRegs,
             launch_regs)
       << what;
-  // Each producer warpgroup its own staging slots; none when converting in place, and
+  // Each producer team its own staging slots; none when converting in place, and
   // only at D = 128 (a raw row is then exactly a panel row of the stage).
-  EXPECT_EQ(P::kRawSlots % P::kProducerWarpgroups, 0) << what;
+  EXPECT_EQ(P::kRawSlots % P::kProducerRoles, 0) << what;
+  EXPECT_EQ(P::kRoleThreads * P::kProducerRoles, 128 * P::kProducerWarpgroups) << what;
   if (P::kFp8InPlace) {
     EXPECT_EQ(P::kRawSlots, 0) << what;
     EXPECT_EQ(P::kHeadDim, 128) << what;
