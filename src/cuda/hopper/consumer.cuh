@@ -47,9 +47,9 @@ struct Consumer {
   int cluster, peer;  // CTAs per cluster; the other CTA's rank (cluster of two)
 
   /// A consumed K / V stage: its producer may refill it once the consumers of every CTA
-  /// it multicasts to are done with it.
-  /// Lane 0 of each warp arrives; with policy.h kPredRelease by predicated instructions, else in
-  /// a branch around them (divergent: a BSSY / BSYNC region per release).
+  /// it multicasts to are done with it. Lane 0 of each warp arrives: with policy.h
+  /// kPredRelease by predicated instructions, else in a branch around them (divergent:
+  /// a BSSY / BSYNC region per release).
   __device__ void release(uint64_t* bar) const {
     if constexpr (Pol::kPredRelease) {
       const bool lane0 = (ltid & 31) == 0;
