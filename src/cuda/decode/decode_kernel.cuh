@@ -195,7 +195,7 @@ void launch_decode_config(AttentionArgs a, int device, int sm_count, cudaStream_
   const int max_count = decode_max_split_count(a);
   const int64_t max_items = static_cast<int64_t>(a.batch) * a.num_kv_heads * a.row_chunks * max_count;
   const int per_sm = resident_ctas_per_sm<Tr>(device);
-  const int64_t grid = std::min<int64_t>(max_items, static_cast<int64_t>(per_sm) * sm_count);
+  const int64_t grid = decode_grid_ctas(max_items, static_cast<int64_t>(per_sm) * sm_count);
   decode_kernel<Tr><<<static_cast<unsigned>(grid), Tr::kThreads, Tr::kSmemBytes, stream>>>(a);
   PAGEDMHA_CUDA_CHECK_LAUNCH();
 
