@@ -103,7 +103,8 @@ constexpr bool decode_merge_by_warp(int head_dim, int max_count) {
 /// device's resident `slots`, whichever is fewer (with the knob above, every slot when
 /// there is any item). Items are taken grid-stride, so the size changes no result.
 constexpr int64_t decode_grid_ctas(int64_t max_items, int64_t slots) {
-  return max_items <= 0 ? 0 : (PAGEDMHA_DECODE_GRID_SLOTS != 0 || max_items > slots ? slots : max_items);
+  if (max_items <= 0) return 0;
+  return PAGEDMHA_DECODE_GRID_SLOTS != 0 ? slots : std::min(max_items, slots);
 }
 
 /// CTAs of the merge of `rows` rows (query rows x query heads).

@@ -86,7 +86,7 @@ __device__ __forceinline__ TileKeys tile_keys(const TileSpace& s, int L, int p0,
 /// Pairs of one request also stay adjacent in the list (their request's bucket, warp-
 /// ordered places): gemma 16 x 1k L2 hits 44% -> 58%, 328 -> 303 us (ncu, H100 2026-12-06
 /// s28run1). A batch of fewer than min_pairs pairs (under policy.h kPlanPairRounds
-/// rounds of the grid; a knob, off) runs single tiles instead, each the first entry of a
+/// rounds of the grid, three by default) runs single tiles instead, each the first entry of a
 /// unit whose second is empty, sorted by its own key count: finer units for a short grid.
 /// Steps: units (pairs or tiles) per request, their prefix, then a counting sort of the
 /// units by their bucket, descending (bucketed; order within a bucket is free for the
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(const TileSpace s, int m
     return carry;
   };
   int total = scan_units(false);
-  // The same in every thread (carry, synchronized); never with the knob off (min_pairs 0).
+  // The same in every thread (carry, synchronized); never with kPlanPairRounds 0 (min_pairs 0).
   const bool singles = total < min_pairs;
   if (singles) total = scan_units(true);
   if (tid == 0) prefix[s.batch] = total;

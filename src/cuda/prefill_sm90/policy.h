@@ -391,8 +391,8 @@ constexpr int d256_tma_block_n(int max_q_len) { return max_q_len <= kD256ShortQ 
 /// The plan runs each request's query tiles in pairs (tile n - 1 - j then tile j: a
 /// request's K / V read together, schedule.cuh) when the batch has at least this many
 /// rounds of pair units for the grid, and single tiles otherwise, and the walkers take
-/// each round's units in serpentine order (walk_order.h). A pair is two tiles of work, so a short grid
-/// of pairs idles: 86 pairs of one TP-8 rank's 8k-query extend on 66 clusters run two
+/// each round's units in serpentine order (walk_order.h). A pair is two tiles of work,
+/// so a short grid of pairs idles: 86 pairs of one TP-8 rank's 8k-query extend on 66 clusters run two
 /// rounds for 1.3 rounds of work (the suites at 57b7d00 and c6c1e8d read gpt-oss-tp8
 /// bf16 at 359 and 323 TFLOP/s, H100), and 2-4 requests of an 8k Mooncake step balance at
 /// 0.63-0.79 in pairs against 0.82-0.88 in serpentine single tiles (a host model of the
