@@ -37,8 +37,8 @@
 // of fewer than n rounds of pairs, and a serpentine walk (kPlanPairRounds, default 3; 0:
 // always pairs, round-robin). PAGEDMHA_SM90_FP8_WG3=1: fp8 KV at D = 64 with three
 // consumer warpgroups, fed by the producer warpgroup's two halves (kFp8Wg3; prepared,
-// not run). PAGEDMHA_SM90_PRED_RELEASE=1: the consumers release stages by predicated
-// arrives (kPredRelease; prepared, not run).
+// not run). PAGEDMHA_SM90_PRED_RELEASE=0: the consumers release stages in a branch
+// around the arrives (kPredRelease; default 1, predicated arrives).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
@@ -61,7 +61,7 @@
 #define PAGEDMHA_SM90_FP8_WG3 0
 #endif
 #ifndef PAGEDMHA_SM90_PRED_RELEASE
-#define PAGEDMHA_SM90_PRED_RELEASE 0
+#define PAGEDMHA_SM90_PRED_RELEASE 1
 #endif
 #ifndef PAGEDMHA_SM90_FP8_UNROLL
 #define PAGEDMHA_SM90_FP8_UNROLL 0
@@ -254,14 +254,14 @@ struct PrefillPolicy {
   // no difference out of the noise (s23run2). The same results either way, by
   // construction (GpuPrefill.OverflowingLogitsNeverNaN runs both forms).
   static constexpr bool kSoftmaxOneCopy = D == 128;
-  // Knob (off, prepared and not run): the consumers' stage releases (lane 0 of each warp
-  // arrives on the empty barrier, and on the cluster peer's) as predicated instructions
-  // instead of a divergent branch around them (consumer.cuh release). ncu at D = 128
-  // (H200 s23run3) counted two divergent branches per KV step in the consumer loop, both
-  // these releases, and 63 cycles per step of branch-resolving stalls against
-  // FlashAttention-3's 9 (docs/perf-notes/prefill-sm90-loop.md section 25). Not with
-  // three consumer warpgroups (their 160 registers then spill 8 bytes), nor at D = 256
-  // (13 spill instructions).
+  // The consumers' stage releases (lane 0 of each warp arrives on the empty barrier, and
+  // on the cluster peer's) as predicated instructions instead of a divergent branch
+  // around them (consumer.cuh release). ncu at D = 128 (H200 s23run3) counted two
+  // divergent branches per KV step in the consumer loop, both these releases, and 63
+  // cycles per step of branch-resolving stalls against FlashAttention-3's 9. Measured
+  // +1-3% (bf16) and +1-4% (fp8 KV), bitwise the same results (H100 s30run1,
+  // docs/perf-notes/prefill-sm90-loop.md section 25). Not with three consumer warpgroups
+  // (their 160 registers then spill 8 bytes), nor at D = 256 (13 spill instructions).
   static constexpr bool kPredRelease = PAGEDMHA_SM90_PRED_RELEASE != 0 && kConsumerWarpgroups == 2 && D <= 128;
   // Not here: an item's tiles in masked / interior / masked loops, the interior without
   // mask code (no gain: H100 s27run1, 2 and 6, docs/perf-notes/prefill-sm90-loop.md
