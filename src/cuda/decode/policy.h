@@ -91,20 +91,13 @@ constexpr bool decode_merge_by_warp(int head_dim, int max_count) {
   return PAGEDMHA_DECODE_MERGE_BY_WARP != 0 && max_count <= decode_merge_warp_max_splits(head_dim);
 }
 
-// Knob (off, prepared: PAGEDMHA_DECODE_GRID_SLOTS=1): the decode grid is every resident
-// slot (SMs x resident CTAs per SM) instead of at most the call's items (its split bound's
-// work items). The one-KV-head TP-8 rank at 32 x 2k ran 16.7 us with the wide tables' grid
-// of 264 CTAs and 17.5 with its 256 items (H200 s20run2; decode-merge.md sections 5 and 7).
-#ifndef PAGEDMHA_DECODE_GRID_SLOTS
-#define PAGEDMHA_DECODE_GRID_SLOTS 0
-#endif
-
 /// CTAs of a decode grid: the call's `max_items` (its split bound's work items) or the
-/// device's resident `slots`, whichever is fewer (with the knob above, every slot when
-/// there is any item). Items are taken grid-stride, so the size changes no result.
+/// device's resident `slots`, whichever is fewer. Items are taken grid-stride, so the
+/// size changes no result. Every slot whatever the items measured no gain (H100 s30run1,
+/// docs/perf-notes/decode-merge.md section 7).
 constexpr int64_t decode_grid_ctas(int64_t max_items, int64_t slots) {
   if (max_items <= 0) return 0;
-  return PAGEDMHA_DECODE_GRID_SLOTS != 0 ? slots : std::min(max_items, slots);
+  return std::min(max_items, slots);
 }
 
 /// CTAs of the merge of `rows` rows (query rows x query heads).

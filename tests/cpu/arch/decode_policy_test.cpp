@@ -120,19 +120,19 @@ TEST(DecodePolicy, MergeGridReachesEveryRow) {
   }
 }
 
-// ops.h: batch * q_len_per_req * num_q_heads * C * (head_dim + 2) * 4 bytes (+ 16 of
-// alignment slack, added by decode_workspace_size).
-// The decode grid: no CTA without an item, at most the resident slots, and (the default;
-// PAGEDMHA_DECODE_GRID_SLOTS=1 takes every slot) no more CTAs than the call's items.
+// The decode grid: no CTA without an item, at most the resident slots, and no more CTAs
+// than the call's items.
 TEST(DecodePolicy, GridIsItemsUpToTheResidentSlots) {
   const int64_t slots = 132 * 2;
   EXPECT_EQ(decode_grid_ctas(0, slots), 0);
   EXPECT_EQ(decode_grid_ctas(1000, slots), slots);
   EXPECT_EQ(decode_grid_ctas(slots, slots), slots);
-  EXPECT_EQ(decode_grid_ctas(256, slots), PAGEDMHA_DECODE_GRID_SLOTS != 0 ? slots : 256);
-  EXPECT_EQ(decode_grid_ctas(1, slots), PAGEDMHA_DECODE_GRID_SLOTS != 0 ? slots : 1);
+  EXPECT_EQ(decode_grid_ctas(256, slots), 256);
+  EXPECT_EQ(decode_grid_ctas(1, slots), 1);
 }
 
+// ops.h: batch * q_len_per_req * num_q_heads * C * (head_dim + 2) * 4 bytes (+ 16 of
+// alignment slack, added by decode_workspace_size).
 TEST(DecodePolicy, WorkspaceLayoutMatchesTheDocumentedFormula) {
   for (int hkv : {1, 2, 8}) {
     for (int d : {64, 128, 256}) {
