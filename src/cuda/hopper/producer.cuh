@@ -71,7 +71,11 @@ struct Producer {
   __device__ void run() {
     static_assert(Pol::kProducerRoles == 1 || (kFp8 && kTma), "two producer teams convert TMA-loaded fp8 tiles");
     if constexpr (Pol::kProducerRoles == 2) {
-      if (role == 0) {
+      // Teams of two warps (kFp8Wg3): a role read from lane 0 is one ptxas knows is
+      // warp-uniform, so each team's loop is uniform control flow and keeps the walk, the
+      // item and the pipeline state in uniform registers; branching on the plain role
+      // spilled its 32 registers.
+      if ((kTeam == 64 ? __shfl_sync(0xffffffffu, role, 0) : role) == 0) {
         run_as<Role::kQK>();
       } else {
         run_as<Role::kV>();

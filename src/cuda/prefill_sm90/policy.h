@@ -35,9 +35,9 @@
 // D = 256 with 16-bit KV by TMA and max_q_len <= n take 64-key tiles, the others 80
 // (kD256ShortQ; 0: always 80). PAGEDMHA_SM90_PLAN_PAIR_ROUNDS=n: single tiles for grids
 // of fewer than n rounds of pairs, and a serpentine walk (kPlanPairRounds, default 3; 0:
-// always pairs, round-robin). PAGEDMHA_SM90_FP8_WG3=1: fp8 KV at D = 64 with three
-// consumer warpgroups, fed by the producer warpgroup's two halves (kFp8Wg3; prepared,
-// not run). PAGEDMHA_SM90_PRED_RELEASE=0: the consumers release stages in a branch
+// always pairs, round-robin). PAGEDMHA_SM90_FP8_WG3: fp8 KV at D = 64 in 192-row tiles
+// on three consumer warpgroups (BlockM 192, kFp8Wg3) where the launch's rounds say so
+// (fp8_rows192_pays; 1, the default), never (0) or always (2). PAGEDMHA_SM90_PRED_RELEASE=0: the consumers release stages in a branch
 // around the arrives (kPredRelease; default 1, predicated arrives).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
@@ -56,9 +56,6 @@
 #endif
 #ifndef PAGEDMHA_SM90_WG3
 #define PAGEDMHA_SM90_WG3 1
-#endif
-#ifndef PAGEDMHA_SM90_FP8_WG3
-#define PAGEDMHA_SM90_FP8_WG3 0
 #endif
 #ifndef PAGEDMHA_SM90_PRED_RELEASE
 #define PAGEDMHA_SM90_PRED_RELEASE 1
@@ -112,11 +109,14 @@
 namespace pagedmha::cuda::sm90 {
 
 /// Compile-time shape of one instantiation: head dim D, fp8 or 16-bit cache, whether
-/// K / V come by TMA (else the producer's cp.async gather), and the keys per KV tile
-/// (0: kBlockN's default; 64 only for D = 256's 16-bit TMA path, kD256ShortQ).
-template <int D, bool Fp8Kv, bool KvTma, int BlockN = 0>
+/// K / V come by TMA (else the producer's cp.async gather), the keys per KV tile
+/// (0: kBlockN's default; 64 only for D = 256's 16-bit TMA path, kD256ShortQ) and the
+/// query rows per tile (0: kBlockM's default; 192 only for fp8 KV at D = 64 by TMA,
+/// kFp8Wg3).
+template <int D, bool Fp8Kv, bool KvTma, int BlockN = 0, int BlockM = 0>
 struct PrefillPolicy {
-  static_assert(BlockN == 0 || (BlockN == 64 && D == 256 && KvTma && !Fp8Kv), "the one tile-size alternative");
+  static_assert(BlockN == 0 || (BlockN == 64 && D == 256 && KvTma && !Fp8Kv), "the one key-tile alternative");
+  static_assert(BlockM == 0 || (BlockM == 192 && D == 64 && KvTma && Fp8Kv), "the one query-tile alternative");
   static constexpr int kHeadDim = D;
   static constexpr bool kFp8Kv = Fp8Kv;
   // fp8 KV: the GEMMs run in fp16 whatever the query dtype. e4m3 converts to fp16 in one
@@ -127,19 +127,19 @@ struct PrefillPolicy {
   // saturating beyond 65504: docs/semantics.md).
   static constexpr bool kMmaF16 = Fp8Kv && PAGEDMHA_SM90_FP8_MMA_F16 != 0;
   static constexpr bool kKvTma = KvTma;
-  // Knob (off, prepared and not run): fp8 KV at D = 64 by TMA with three consumer
+  // BlockM 192 (fp8_rows192_pays): fp8 KV at D = 64 by TMA with three consumer
   // warpgroups, the producer warpgroup split into two halves of two warps, one loading Q
   // and converting the K tiles, the other the V tiles, each through its own staging
   // slots and named barrier, as the two producer warpgroups do at D = 128 (which gained
   // 22-30% over one warpgroup walking K and V in turn). Three consumer warpgroups fed by
   // one warpgroup walking both were no faster than two, with or without the conversion
   // (H200 s10run2-3: a V stage's release held up the K conversions behind it;
-  // docs/perf-notes/prefill-sm90-fp8.md sections 8, 9 and 12). Registers as bf16's
-  // three warpgroups (32 / 160: the consumers' 128-key tiles need 160, at 152 ptxas
-  // serializes their wgmmas; the converting producer spills in 32), or with
-  // PAGEDMHA_SM90_FP8_BLOCK_N=64 and PAGEDMHA_SM90_WG3_PRODUCER_REGS=56 64-key tiles
-  // and 56 / 152, where neither spills.
-  static constexpr bool kFp8Wg3 = Fp8Kv && D == 64 && KvTma && PAGEDMHA_SM90_FP8_WG3 != 0;
+  // docs/perf-notes/prefill-sm90-fp8.md sections 8, 9, 12 and 13). Registers as bf16's
+  // three warpgroups: 32 / 160 (the consumers' 128-key tiles need 160, at 152 ptxas
+  // serializes their wgmmas; the converting producer fits 32 with its teams' loops in
+  // uniform control flow, producer.cuh run()). +5-19% over two warpgroups from one full
+  // round of the grid on (H100 s30run1).
+  static constexpr bool kFp8Wg3 = BlockM == 192;
   // Consumer warpgroups of 64 query rows each (wgmma's M): two (128 rows), three at
   // D = 64 (192 rows, FA3's shape there): a D = 64 tile's GEMMs take about as long as its
   // 128 x 128 exponentials on the MUFU unit, so a third warpgroup's softmax fills the
@@ -387,6 +387,30 @@ struct PlanLayout {
 constexpr int kD256ShortQ = PAGEDMHA_SM90_D256_SHORT_Q;
 /// Keys per tile of D = 256's 16-bit TMA path for a launch of max_q_len (launch.cuh).
 constexpr int d256_tma_block_n(int max_q_len) { return max_q_len <= kD256ShortQ ? 64 : 80; }
+
+/// fp8 KV at D = 64 by TMA: whether a launch of `rows` query tokens in tiles of `pack`
+/// heads (gqa_pack), `head_units` tiles per token range (KV heads x head groups) and
+/// `ctas` CTAs takes 192-row tiles (kFp8Wg3). A 192-row tile is 1.5x a 128-row tile's
+/// work at ~1.12x its rate, so ~4/3 its time: they pay when their rounds of the grid
+/// times 4/3 are at most the 128-row tiles' rounds. Measured +5-19% from one full round
+/// on (H100 s30run1), and -21% for a 2k chunk of the one-KV-head TP-8 rank (84 tiles of
+/// 192 rows on 132 SMs: one round of longer tiles, a third of the SMs idle;
+/// docs/perf-notes/prefill-sm90-fp8.md sections 12-13). Tiles are estimated from the
+/// launch's total rows (each request's partial last tile would add at most one); a host
+/// bound, so under a CUDA graph the choice is the capture's. PAGEDMHA_SM90_FP8_WG3=0:
+/// never, 2: always.
+#ifndef PAGEDMHA_SM90_FP8_WG3
+#define PAGEDMHA_SM90_FP8_WG3 1
+#endif
+inline bool fp8_rows192_pays(int64_t rows, int pack, int64_t head_units, int64_t ctas) {
+  if (PAGEDMHA_SM90_FP8_WG3 != 1) return PAGEDMHA_SM90_FP8_WG3 == 2;
+  if (rows <= 0 || ctas <= 0) return false;
+  const auto rounds = [&](int block_m) {
+    const int64_t tokens = tokens_per_tile(block_m, pack);
+    return ((rows + tokens - 1) / tokens * head_units + ctas - 1) / ctas;
+  };
+  return 4 * rounds(192) <= 3 * rounds(128);
+}
 
 /// The plan runs each request's query tiles in pairs (tile n - 1 - j then tile j: a
 /// request's K / V read together, schedule.cuh) when the batch has at least this many

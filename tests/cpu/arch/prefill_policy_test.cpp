@@ -55,6 +55,12 @@ TEST(PrefillSm90Policy, LayoutsWorkedOutByHand) {
   // D = 64, fp8: two consumer and two producer warpgroups, Q 16 KB, staging 4 x 8 KB (a
   // raw row is half a panel row: no conversion in place): two Q leave 10 tiles -> 4, 4.
   expect_layout(layout_of<PrefillPolicy<64, true, true>>(), {2, 2, 2, 4, 4, 197888, 56, 200}, "D64 fp8");
+  // Its 192-row form: three consumer warpgroups and one producer warpgroup in two teams,
+  // Q 24 KB, the same staging: two Q leave 9 tiles -> 4, 4 (1024 + 48 KB + 8 x 16 KB +
+  // 32 KB + 256 = 214,272); 32 / 160 registers as bf16's three warpgroups.
+  expect_layout(layout_of<PrefillPolicy<64, true, true, 0, 192>>(), {3, 1, 2, 4, 4, 214272, 32, 160}, "D64 fp8 192");
+  EXPECT_EQ((PrefillPolicy<64, true, true, 0, 192>::kProducerRoles), 2);
+  EXPECT_EQ((PrefillPolicy<64, true, true, 0, 192>::kRoleThreads), 64);
   // D = 256, 16-bit by TMA: Q 64 KB, tiles of 80 keys 40 KB; two Q leave 2 tiles -> one
   // Q, 165,632 B = 4 tiles: K 2, V 2 (1024 + 64 KB + 4 x 40 KB + 256 = 230,656). 384
   // threads x 168 = 64,512 registers: 128 x 56 for the producer, 256 x 224.
@@ -103,6 +109,7 @@ TEST(PrefillSm90Policy, EveryInstantiationFitsSharedMemoryAndRegisters) {
   expect_fits<PrefillPolicy<64, false, true>>("D64 bf16 tma");
   expect_fits<PrefillPolicy<64, false, false>>("D64 bf16 gather");
   expect_fits<PrefillPolicy<64, true, true>>("D64 fp8 tma");
+  expect_fits<PrefillPolicy<64, true, true, 0, 192>>("D64 fp8 tma 192");
   expect_fits<PrefillPolicy<64, true, false>>("D64 fp8 gather");
   expect_fits<PrefillPolicy<128, false, true>>("D128 bf16 tma");
   expect_fits<PrefillPolicy<128, false, false>>("D128 bf16 gather");
@@ -113,6 +120,25 @@ TEST(PrefillSm90Policy, EveryInstantiationFitsSharedMemoryAndRegisters) {
   expect_fits<PrefillPolicy<256, false, true, 64>>("D256 bf16 tma 64");
   expect_fits<PrefillPolicy<256, true, true>>("D256 fp8 tma");
   expect_fits<PrefillPolicy<256, true, false>>("D256 fp8 gather");
+}
+
+// fp8 KV at D = 64: 192-row tiles where their rounds of the grid, at 4/3 a 128-row
+// round's time, take no longer (policy.h fp8_rows192_pays), worked out by hand for 132
+// CTAs. The one-KV-head TP-8 rank (pack 8: 24 or 16 tokens per tile, one head unit): a
+// 2k chunk is 84 tiles (one round) against 125 (one): not taken; two 3k chunks are 250
+// (two rounds, 8 / 3) against 375 (three); an 8k extend 342 (three) against 512 (four):
+// 12 against 12, taken. gpt-oss's eight KV heads at 1 x 16k: 5,464 tiles (42 rounds)
+// against 8,192 (63).
+TEST(PrefillSm90Policy, Fp8Rows192WhereTheirRoundsPay) {
+  using pagedmha::cuda::sm90::fp8_rows192_pays;
+  if (PAGEDMHA_SM90_FP8_WG3 != 1) GTEST_SKIP() << "PAGEDMHA_SM90_FP8_WG3=" << PAGEDMHA_SM90_FP8_WG3;
+  EXPECT_FALSE(fp8_rows192_pays(2000, 8, 1, 132));
+  EXPECT_TRUE(fp8_rows192_pays(6000, 8, 1, 132));
+  EXPECT_TRUE(fp8_rows192_pays(8192, 8, 1, 132));
+  EXPECT_TRUE(fp8_rows192_pays(16384, 8, 8, 132));
+  EXPECT_FALSE(fp8_rows192_pays(100, 8, 1, 132));  // one tile either way
+  EXPECT_FALSE(fp8_rows192_pays(0, 8, 1, 132));
+  EXPECT_FALSE(fp8_rows192_pays(16384, 8, 8, 0));
 }
 
 // The plan workspace (PlanLayout) against the size include/pagedmha/ops.h documents for

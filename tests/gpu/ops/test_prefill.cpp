@@ -206,6 +206,43 @@ TEST(GpuPrefill, HeadDim256BothKeyTiles) {
   }
 }
 
+// fp8 KV at D = 64 in 192-row tiles on three consumer warpgroups where the launch's
+// rounds say they pay (policy.h fp8_rows192_pays), else 128 rows on two: gpt-oss's
+// geometry (Hq 64, Hkv 8) with 4,000 query rows takes the first, a 300-row launch the
+// second; both query dtypes, sinks, and a window and a soft-cap on the long launch.
+TEST(GpuPrefill, Fp8HeadDim64BothQueryTiles) {
+  REQUIRE_GPU();
+  namespace sm90 = pagedmha::cuda::sm90;
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  AttnCase c = gpu_case(/*decode=*/false);
+  c.Hq = 64, c.Hkv = 8, c.D = 64;
+  c.kv_dtype = DType::fp8_e4m3;
+  c.k_scale = 0.37, c.v_scale = 2.5;
+  c.sinks = SinkMode::mixed;
+  const int pack = sm90::gqa_pack(c.Hq / c.Hkv);
+  const auto takes_192 = [&](int rows) { return sm90::fp8_rows192_pays(rows, pack, c.Hkv * (c.Hq / c.Hkv / pack), sms); };
+  if (pagedmha::cuda::kernel_path(0) == pagedmha::cuda::KernelPath::sm90 && PAGEDMHA_SM90_FP8_WG3 == 1) {
+    ASSERT_TRUE(takes_192(3000 + 1000)) << sms << " SMs";
+    ASSERT_FALSE(takes_192(300)) << sms << " SMs";
+  }
+  int i = 0;
+  for (DType q : {DType::bf16, DType::fp16}) {
+    c.q_dtype = q;
+    c.kv_lens = {3000, 1500}, c.q_lens = {3000, 1000};
+    c.window_left = -1, c.soft_cap = 0.0;
+    c.seed = 3000 + i++;
+    check_case(c);
+    c.window_left = 700, c.soft_cap = 30.0;
+    c.seed = 3000 + i++;
+    check_case(c);
+    c.kv_lens = {300}, c.q_lens = {300};
+    c.window_left = -1, c.soft_cap = 0.0;
+    c.seed = 3000 + i++;
+    check_case(c);
+  }
+}
+
 // The Hopper plan (hopper/schedule.cuh plan_kernel) read back from the workspace: every
 // query tile of the batch in exactly one entry, as pairs (tile n - 1 - j, then j) when
 // the batch has policy.h kPlanPairRounds rounds of them for the grid, else as single
