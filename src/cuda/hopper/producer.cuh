@@ -528,11 +528,14 @@ struct Producer {
     constexpr int U = Pol::kFp8ConvertUnroll < kPerThread ? Pol::kFp8ConvertUnroll : kPerThread;
     static_assert(BN * (D / 16) % kTeam == 0 && kPerThread % U == 0, "whole groups of chunks per thread");
     // Chunk k of the thread: raw row r0 + k * kRowStep, column c0 (16 bytes); its two
-    // 16-bit chunks keep their swizzle phase (kRowStep is a multiple of 8), so every
+    // 16-bit chunks keep their swizzle phase where kRowStep is a multiple of 8, so every
     // address is a base plus a compile-time step: three registers across the tile, where
-    // per-chunk offsets hoisted out of the loop spilled the producer's 40 registers.
+    // per-chunk offsets hoisted out of the loop spilled the producer's 40 registers. A
+    // step of 4 (two-warp teams at D = 256) alternates two phases: odd chunks take a
+    // second pair of bases.
     constexpr int kRowStep = kTeam / (D / 16);
-    static_assert(kRowStep % 8 == 0, "one swizzle phase per thread");
+    static_assert(kRowStep % 4 == 0, "at most two swizzle phases per thread");
+    constexpr bool kTwoPhases = kRowStep % 8 != 0;
     // Each 8-thread phase of a 16-byte access reads 4 chunks (a piece) of an even row and
     // 4 of the next row, pieces of opposite parity above D = 64: its loads still cover all
     // 32 banks, and now its stores too (the row parities' swizzles put them in opposite
@@ -545,6 +548,9 @@ struct Producer {
     const int c0 = 4 * (kPieces > 1 ? (phase % kPieces) ^ hi : 0) + (tid & 3);
     const uint32_t src0 = src + r0 * D + c0 * 16;
     const uint32_t dst0 = dst + tile_offset(BN, r0, 2 * c0), dst1 = dst + tile_offset(BN, r0, 2 * c0 + 1);
+    // Odd chunks' bases with two phases (row r0 + kRowStep, less the step they add).
+    const uint32_t odd0 = kTwoPhases ? dst + tile_offset(BN, r0 + kRowStep, 2 * c0) - kRowStep * 128 : dst0;
+    const uint32_t odd1 = kTwoPhases ? dst + tile_offset(BN, r0 + kRowStep, 2 * c0 + 1) - kRowStep * 128 : dst1;
     // The gather's producer holds its row addresses across the tile: groups one at a time.
     constexpr int kGroupsUnrolled = kTma ? kPerThread / U : 1;
     if constexpr (PAGEDMHA_SM90_FP8_DIAG == 1) return;  // diagnostic: the stage as it is
@@ -569,8 +575,9 @@ struct Producer {
         if constexpr (PAGEDMHA_SM90_FP8_DIAG == 2) {
           keep ^= out[0].x ^ out[0].y ^ out[0].z ^ out[0].w ^ out[1].x ^ out[1].y ^ out[1].z ^ out[1].w;
         } else {
-          sts128(dst0 + (g + u) * kRowStep * 128, out[0]);
-          sts128(dst1 + (g + u) * kRowStep * 128, out[1]);
+          const bool odd = kTwoPhases && ((g + u) & 1);  // compile-time where unrolled
+          sts128((odd ? odd0 : dst0) + (g + u) * kRowStep * 128, out[0]);
+          sts128((odd ? odd1 : dst1) + (g + u) * kRowStep * 128, out[1]);
         }
       }
     }

@@ -77,6 +77,9 @@ TEST(PrefillSm90Policy, LayoutsWorkedOutByHand) {
   expect_layout(layout_of<PrefillPolicy<256, false, true, 64>>(), {2, 1, 1, 2, 3, 230656, 72, 216}, "D256 bf16 tma 64");
   // D = 256, fp8: two 16 KB staging slots (one producer warpgroup): one Q leaves 4 tiles.
   expect_layout(layout_of<PrefillPolicy<256, true, true>>(), {2, 1, 1, 2, 2, 230656, 72, 216}, "D256 fp8");
+  // Its producer warpgroup as one team, or (PAGEDMHA_SM90_FP8_D256_TEAMS=1) two teams of
+  // two warps with a staging slot each: the same layout.
+  EXPECT_EQ((PrefillPolicy<256, true, true>::kRoleThreads), PAGEDMHA_SM90_FP8_D256_TEAMS != 0 ? 64 : 128);
 }
 
 // Every layout fits the CTA's 227 KB, and the setmaxnreg split stays within the registers
