@@ -3,6 +3,7 @@
 // read the same numbers.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "pagedmha/variant.h"  // PAGEDMHA_HD
@@ -58,6 +59,9 @@
 #endif
 #ifndef PAGEDMHA_SM90_WG3
 #define PAGEDMHA_SM90_WG3 1
+#endif
+#ifndef PAGEDMHA_SM90_FP8_WG3
+#define PAGEDMHA_SM90_FP8_WG3 1
 #endif
 #ifndef PAGEDMHA_SM90_FP8_D256_TEAMS
 #define PAGEDMHA_SM90_FP8_D256_TEAMS 0
@@ -142,8 +146,8 @@ struct PrefillPolicy {
   // docs/perf-notes/prefill-sm90-fp8.md sections 8, 9, 12 and 13). Registers as bf16's
   // three warpgroups: 32 / 160 (the consumers' 128-key tiles need 160, at 152 ptxas
   // serializes their wgmmas; the converting producer fits 32 with its teams' loops in
-  // uniform control flow, producer.cuh run()). +5-19% over two warpgroups from one full
-  // round of the grid on (H100 s30run1).
+  // uniform control flow, producer.cuh run()). +8-20% over two warpgroups where the
+  // launch's rounds pay (H100 s30run2).
   static constexpr bool kFp8Wg3 = BlockM == 192;
   // Consumer warpgroups of 64 query rows each (wgmma's M): two (128 rows), three at
   // D = 64 (192 rows, FA3's shape there): a D = 64 tile's GEMMs take about as long as its
@@ -403,26 +407,27 @@ constexpr int kD256ShortQ = PAGEDMHA_SM90_D256_SHORT_Q;
 /// Keys per tile of D = 256's 16-bit TMA path for a launch of max_q_len (launch.cuh).
 constexpr int d256_tma_block_n(int max_q_len) { return max_q_len <= kD256ShortQ ? 64 : 80; }
 
-/// fp8 KV at D = 64 by TMA: whether a launch of `rows` query tokens in tiles of `pack`
-/// heads (gqa_pack), `head_units` tiles per token range (KV heads x head groups) and
-/// `ctas` CTAs takes 192-row tiles (kFp8Wg3). A 192-row tile is 1.5x a 128-row tile's
-/// work at ~1.12x its rate, so ~4/3 its time: they pay when their rounds of the grid
-/// times 4/3 are at most the 128-row tiles' rounds. Measured +5-19% from one full round
-/// on (H100 s30run1), and -21% for a 2k chunk of the one-KV-head TP-8 rank (84 tiles of
+/// fp8 KV at D = 64 by TMA: whether a launch of `rows` query tokens in `batch` requests
+/// of at most `max_q_len`, in tiles of `pack` heads (gqa_pack), `head_units` tiles per
+/// token range (KV heads x head groups) and `ctas` CTAs takes 192-row tiles (kFp8Wg3). A
+/// 192-row tile is 1.5x a 128-row tile's work at ~1.12x its rate, so ~4/3 its time: they
+/// pay when their rounds of the grid times 4/3 are at most the 128-row tiles' rounds
+/// (not monotonic in rows: rounds are whole). Measured +8-20% from one full round on
+/// (H100 s30run1-2), and -21% for a 2k chunk of the one-KV-head TP-8 rank (84 tiles of
 /// 192 rows on 132 SMs: one round of longer tiles, a third of the SMs idle;
-/// docs/perf-notes/prefill-sm90-fp8.md sections 12-13). Tiles are estimated from the
-/// launch's total rows (each request's partial last tile would add at most one); a host
-/// bound, so under a CUDA graph the choice is the capture's. PAGEDMHA_SM90_FP8_WG3=0:
-/// never, 2: always.
-#ifndef PAGEDMHA_SM90_FP8_WG3
-#define PAGEDMHA_SM90_FP8_WG3 1
-#endif
-inline bool fp8_rows192_pays(int64_t rows, int pack, int64_t head_units, int64_t ctas) {
+/// docs/perf-notes/prefill-sm90-fp8.md sections 12-13). A request's tiles are
+/// ceil(n / tokens); from host bounds their sum is at most ceil(rows / tokens) + batch - 1
+/// and batch x ceil(max_q_len / tokens), the smaller taken (exact for one request;
+/// requests of one tile either way count equal). Host bounds, so under a CUDA graph the
+/// choice is the capture's; both tiles give the same results up to fp16 rounding.
+inline bool fp8_rows192_pays(int64_t rows, int64_t batch, int64_t max_q_len, int pack, int64_t head_units,
+                             int64_t ctas) {
   if (PAGEDMHA_SM90_FP8_WG3 != 1) return PAGEDMHA_SM90_FP8_WG3 == 2;
-  if (rows <= 0 || ctas <= 0) return false;
+  if (rows <= 0 || batch <= 0 || max_q_len <= 0 || ctas <= 0) return false;
   const auto rounds = [&](int block_m) {
     const int64_t tokens = tokens_per_tile(block_m, pack);
-    return ((rows + tokens - 1) / tokens * head_units + ctas - 1) / ctas;
+    const int64_t tiles = std::min((rows + tokens - 1) / tokens + batch - 1, batch * ((max_q_len + tokens - 1) / tokens));
+    return (tiles * head_units + ctas - 1) / ctas;
   };
   return 4 * rounds(192) <= 3 * rounds(128);
 }

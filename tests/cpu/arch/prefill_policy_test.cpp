@@ -129,19 +129,23 @@ TEST(PrefillSm90Policy, EveryInstantiationFitsSharedMemoryAndRegisters) {
 // round's time, take no longer (policy.h fp8_rows192_pays), worked out by hand for 132
 // CTAs. The one-KV-head TP-8 rank (pack 8: 24 or 16 tokens per tile, one head unit): a
 // 2k chunk is 84 tiles (one round) against 125 (one): not taken; two 3k chunks are 250
-// (two rounds, 8 / 3) against 375 (three); an 8k extend 342 (three) against 512 (four):
-// 12 against 12, taken. gpt-oss's eight KV heads at 1 x 16k: 5,464 tiles (42 rounds)
-// against 8,192 (63).
+// (two rounds: 4 x 2 = 8) against 376 (three: 3 x 3 = 9), taken; an 8k extend 342
+// (three: 12) against 512 (four: 12), taken. gpt-oss's eight KV heads at 1 x 16k: 5,464
+// tiles (42 rounds) against 8,192 (63); at 4 x 4k 4 x 171 x 8 = 5,472 (42) against 8,192.
+// 200 requests of 16 tokens are a tile each either way (1,600 tiles, 13 rounds): not
+// taken, though their total rows alone would count 134 tiles against 200.
 TEST(PrefillSm90Policy, Fp8Rows192WhereTheirRoundsPay) {
   using pagedmha::cuda::sm90::fp8_rows192_pays;
   if (PAGEDMHA_SM90_FP8_WG3 != 1) GTEST_SKIP() << "PAGEDMHA_SM90_FP8_WG3=" << PAGEDMHA_SM90_FP8_WG3;
-  EXPECT_FALSE(fp8_rows192_pays(2000, 8, 1, 132));
-  EXPECT_TRUE(fp8_rows192_pays(6000, 8, 1, 132));
-  EXPECT_TRUE(fp8_rows192_pays(8192, 8, 1, 132));
-  EXPECT_TRUE(fp8_rows192_pays(16384, 8, 8, 132));
-  EXPECT_FALSE(fp8_rows192_pays(100, 8, 1, 132));  // one tile either way
-  EXPECT_FALSE(fp8_rows192_pays(0, 8, 1, 132));
-  EXPECT_FALSE(fp8_rows192_pays(16384, 8, 8, 0));
+  EXPECT_FALSE(fp8_rows192_pays(2000, 1, 2000, 8, 1, 132));
+  EXPECT_TRUE(fp8_rows192_pays(6000, 2, 3000, 8, 1, 132));
+  EXPECT_TRUE(fp8_rows192_pays(8192, 1, 8192, 8, 1, 132));
+  EXPECT_TRUE(fp8_rows192_pays(16384, 1, 16384, 8, 8, 132));
+  EXPECT_TRUE(fp8_rows192_pays(16384, 4, 4096, 8, 8, 132));
+  EXPECT_FALSE(fp8_rows192_pays(3200, 200, 16, 8, 8, 132));
+  EXPECT_FALSE(fp8_rows192_pays(100, 1, 100, 8, 1, 132));  // one tile either way
+  EXPECT_FALSE(fp8_rows192_pays(0, 1, 1, 8, 1, 132));
+  EXPECT_FALSE(fp8_rows192_pays(16384, 1, 16384, 8, 8, 0));
 }
 
 // The plan workspace (PlanLayout) against the size include/pagedmha/ops.h documents for

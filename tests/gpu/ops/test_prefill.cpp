@@ -206,41 +206,102 @@ TEST(GpuPrefill, HeadDim256BothKeyTiles) {
   }
 }
 
+// Runs case c with a poisoned workspace, checks it against the oracle, and returns each
+// request's query tiles as the Hopper plan in the workspace lists them: the first query
+// row (within the request) of every non-empty entry, sorted (hopper/schedule.cuh
+// plan_kernel).
+std::vector<std::vector<int>> run_reading_plan(const AttnCase& c) {
+  namespace sm90 = pagedmha::cuda::sm90;
+  AttnProblem p = build(c);
+  DeviceMirror dev;
+  AttnViews v = dev.views(p);
+  const Buffer ws = poisoned_workspace(p);
+  v.workspace = ws.bytes_view();
+  run_attention(p, v);
+  pagedmha::synchronize();
+  dev.download(p.out);
+  dev.download(p.lse);
+  EXPECT_TRUE(check_attention(p, p.reference())) << describe(c);
+  std::vector<uint8_t> bytes(ws.bytes());
+  pagedmha::copy_bytes(bytes.data(), Device::cpu(), ws.data(), gpu(), ws.bytes());
+  int count = 0;
+  std::memcpy(&count, bytes.data(), 4);
+  const int32_t* list = reinterpret_cast<const int32_t*>(bytes.data() + sm90::PlanLayout::list_offset(p.batch));
+  std::vector<int> cu(1, 0);
+  for (int n : p.q_lens) cu.push_back(cu.back() + n);
+  std::vector<std::vector<int>> firsts(static_cast<size_t>(p.batch));
+  for (int e = 0; e < count; ++e) {
+    const int32_t* x = list + 4 * e;
+    if (x[2] > 0 && x[0] >= 0 && x[0] < p.batch) firsts[x[0]].push_back(x[1] - cu[x[0]]);
+  }
+  for (auto& f : firsts) std::sort(f.begin(), f.end());
+  return firsts;
+}
+
 // fp8 KV at D = 64 in 192-row tiles on three consumer warpgroups where the launch's
-// rounds say they pay (policy.h fp8_rows192_pays), else 128 rows on two: gpt-oss's
-// geometry (Hq 64, Hkv 8) with 4,000 query rows takes the first; a 200-row launch (one
-// round either way on 132 SMs: 72 tiles of 192 rows, 104 of 128) the second; both query
-// dtypes, sinks, and a window and a soft-cap on the long launch.
+// rounds say they pay (policy.h fp8_rows192_pays, which depends on the SM count), else
+// 128 rows on two. On this GPU: a long two-request launch the rule sends to 192 rows and
+// a short one it does not, in gpt-oss's geometry (Hq 64, Hkv 8: 24 or 16 tokens a tile)
+// and in a group of 5 (Hq 10, Hkv 2: 38 or 25 tokens, 192 rows not a multiple of the
+// pack). The plan read back from the workspace shows which tile ran; both query dtypes,
+// sinks, and a window with a soft-cap on the long launch.
 TEST(GpuPrefill, Fp8HeadDim64BothQueryTiles) {
   REQUIRE_GPU();
+  if (pagedmha::cuda::kernel_path(0) != pagedmha::cuda::KernelPath::sm90) GTEST_SKIP() << "no Hopper prefill";
   namespace sm90 = pagedmha::cuda::sm90;
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  AttnCase c = gpu_case(/*decode=*/false);
-  c.Hq = 64, c.Hkv = 8, c.D = 64;
-  c.kv_dtype = DType::fp8_e4m3;
-  c.k_scale = 0.37, c.v_scale = 2.5;
-  c.sinks = SinkMode::mixed;
-  const int pack = sm90::gqa_pack(c.Hq / c.Hkv);
-  const auto takes_192 = [&](int rows) { return sm90::fp8_rows192_pays(rows, pack, c.Hkv * (c.Hq / c.Hkv / pack), sms); };
-  if (pagedmha::cuda::kernel_path(0) == pagedmha::cuda::KernelPath::sm90 && PAGEDMHA_SM90_FP8_WG3 == 1) {
-    ASSERT_TRUE(takes_192(3000 + 1000)) << sms << " SMs";
-    ASSERT_FALSE(takes_192(200)) << sms << " SMs";
-  }
   int i = 0;
-  for (DType q : {DType::bf16, DType::fp16}) {
-    c.q_dtype = q;
-    c.kv_lens = {3000, 1500}, c.q_lens = {3000, 1000};
-    c.window_left = -1, c.soft_cap = 0.0;
-    c.seed = 3000 + i++;
-    check_case(c);
-    c.window_left = 700, c.soft_cap = 30.0;
-    c.seed = 3000 + i++;
-    check_case(c);
-    c.kv_lens = {200}, c.q_lens = {200};
-    c.window_left = -1, c.soft_cap = 0.0;
-    c.seed = 3000 + i++;
-    check_case(c);
+  for (const int hq : {64, 10}) {
+    AttnCase c = gpu_case(/*decode=*/false);
+    c.Hq = hq, c.Hkv = hq == 64 ? 8 : 2, c.D = 64;
+    c.kv_dtype = DType::fp8_e4m3;
+    c.k_scale = 0.37, c.v_scale = 2.5;
+    c.sinks = SinkMode::mixed;
+    const int pack = sm90::gqa_pack(c.Hq / c.Hkv);
+    const auto takes_192 = [&](const std::vector<int>& q) {
+      int rows = 0, longest = 0;
+      for (int n : q) rows += n, longest = std::max(longest, n);
+      return sm90::fp8_rows192_pays(rows, static_cast<int>(q.size()), longest, pack, c.Hkv * (c.Hq / c.Hkv / pack), sms);
+    };
+    // The first candidate the rule sends each way on this GPU (none with the knob at 0 or 2).
+    std::vector<int> long_q, short_q;
+    for (int n : {3000, 4000, 5000, 2000, 7000}) {
+      if (long_q.empty() && takes_192({n, 1000})) long_q = {n, 1000};
+    }
+    for (int n : {200, 100, 48, 16}) {
+      if (short_q.empty() && !takes_192({n})) short_q = {n};
+    }
+    if (PAGEDMHA_SM90_FP8_WG3 == 1) {
+      EXPECT_FALSE(long_q.empty()) << sms << " SMs, Hq " << hq;
+      EXPECT_FALSE(short_q.empty()) << sms << " SMs, Hq " << hq;
+    }
+    for (DType q : {DType::bf16, DType::fp16}) {
+      c.q_dtype = q;
+      for (const bool longer : {true, false}) {
+        const std::vector<int>& qs = longer ? long_q : short_q;
+        if (qs.empty()) continue;
+        c.q_lens = qs;
+        c.kv_lens = qs;
+        if (longer) c.kv_lens[1] += 500;  // a cached prefix
+        c.window_left = -1, c.soft_cap = 0.0;
+        c.seed = 3000 + i++;
+        c.name = describe(c) + (longer ? " 192-row tiles" : " 128-row tiles");
+        const int tokens = sm90::tokens_per_tile(longer ? 192 : 128, pack);
+        const std::vector<std::vector<int>> firsts = run_reading_plan(c);
+        for (size_t b = 0; b < qs.size(); ++b) {
+          std::vector<int> want;
+          for (int m = 0; m * tokens < qs[b]; ++m) want.push_back(m * tokens);
+          EXPECT_EQ(firsts[b], want) << c.name << ": request " << b << "'s tiles of " << tokens << " tokens";
+        }
+        if (longer) {
+          c.name = AttnCase().name;  // check_case names it from its fields
+          c.window_left = 700, c.soft_cap = 30.0;
+          c.seed = 3000 + i++;
+          check_case(c);
+        }
+      }
+    }
   }
 }
 
