@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda/common/arch.h"
@@ -206,13 +208,12 @@ TEST(GpuPrefill, HeadDim256BothKeyTiles) {
   }
 }
 
-// Runs case c with a poisoned workspace, checks it against the oracle, and returns each
-// request's query tiles as the Hopper plan in the workspace lists them: the first query
-// row (within the request) of every non-empty entry, sorted (hopper/schedule.cuh
-// plan_kernel).
-std::vector<std::vector<int>> run_reading_plan(const AttnCase& c) {
+// Runs problem p with a poisoned workspace, checks it against the oracle, and returns the
+// Hopper plan read back from the workspace (hopper/schedule.cuh plan_kernel): its entries
+// (request, first query row, rows from there, KV length), as many as its count says (none,
+// with a failure, when the count does not fit the workspace).
+std::vector<std::array<int32_t, 4>> run_reading_plan(AttnProblem& p, const std::string& name) {
   namespace sm90 = pagedmha::cuda::sm90;
-  AttnProblem p = build(c);
   DeviceMirror dev;
   AttnViews v = dev.views(p);
   const Buffer ws = poisoned_workspace(p);
@@ -221,21 +222,19 @@ std::vector<std::vector<int>> run_reading_plan(const AttnCase& c) {
   pagedmha::synchronize();
   dev.download(p.out);
   dev.download(p.lse);
-  EXPECT_TRUE(check_attention(p, p.reference())) << describe(c);
+  EXPECT_TRUE(check_attention(p, p.reference())) << name;
   std::vector<uint8_t> bytes(ws.bytes());
   pagedmha::copy_bytes(bytes.data(), Device::cpu(), ws.data(), gpu(), ws.bytes());
   int count = 0;
   std::memcpy(&count, bytes.data(), 4);
-  const int32_t* list = reinterpret_cast<const int32_t*>(bytes.data() + sm90::PlanLayout::list_offset(p.batch));
-  std::vector<int> cu(1, 0);
-  for (int n : p.q_lens) cu.push_back(cu.back() + n);
-  std::vector<std::vector<int>> firsts(static_cast<size_t>(p.batch));
-  for (int e = 0; e < count; ++e) {
-    const int32_t* x = list + 4 * e;
-    if (x[2] > 0 && x[0] >= 0 && x[0] < p.batch) firsts[x[0]].push_back(x[1] - cu[x[0]]);
+  const int64_t list = sm90::PlanLayout::list_offset(p.batch);
+  if (count < 0 || list + 16 * int64_t{count} > int64_t(bytes.size())) {
+    ADD_FAILURE() << name << ": plan count " << count;
+    return {};
   }
-  for (auto& f : firsts) std::sort(f.begin(), f.end());
-  return firsts;
+  std::vector<std::array<int32_t, 4>> entries(static_cast<size_t>(count));
+  std::memcpy(entries.data(), bytes.data() + list, 16 * static_cast<size_t>(count));
+  return entries;
 }
 
 // fp8 KV at D = 64 in 192-row tiles on three consumer warpgroups where the launch's
@@ -266,7 +265,7 @@ TEST(GpuPrefill, Fp8HeadDim64BothQueryTiles) {
     };
     // The first candidate the rule sends each way on this GPU (none with the knob at 0 or 2).
     std::vector<int> long_q, short_q;
-    for (int n : {3000, 4000, 5000, 2000, 7000}) {
+    for (int n : {3000, 4000, 5000, 2000, 7000}) {  // two requests: request 1 starts at row n
       if (long_q.empty() && takes_192({n, 1000})) long_q = {n, 1000};
     }
     for (int n : {200, 100, 48, 16}) {
@@ -288,8 +287,14 @@ TEST(GpuPrefill, Fp8HeadDim64BothQueryTiles) {
         c.seed = 3000 + i++;
         c.name = describe(c) + (longer ? " 192-row tiles" : " 128-row tiles");
         const int tokens = sm90::tokens_per_tile(longer ? 192 : 128, pack);
-        const std::vector<std::vector<int>> firsts = run_reading_plan(c);
+        AttnProblem p = build(c);
+        std::vector<std::vector<int>> firsts(qs.size());  // each request's tiles' first rows
+        for (const auto& x : run_reading_plan(p, c.name)) {
+          const int b = x[0];
+          if (x[2] > 0 && b >= 0 && b < static_cast<int>(qs.size())) firsts[b].push_back(x[1] - (b > 0 ? qs[0] : 0));
+        }
         for (size_t b = 0; b < qs.size(); ++b) {
+          std::sort(firsts[b].begin(), firsts[b].end());
           std::vector<int> want;
           for (int m = 0; m * tokens < qs[b]; ++m) want.push_back(m * tokens);
           EXPECT_EQ(firsts[b], want) << c.name << ": request " << b << "'s tiles of " << tokens << " tokens";
@@ -344,21 +349,8 @@ TEST(GpuPrefill, PlanPairsOrSingleTiles) {
     c.seed = 2900 + big;
     c.name = describe(c) + (big ? " plan of many pairs" : " plan of one pair");
     AttnProblem p = build(c);
-    DeviceMirror dev;
-    AttnViews v = dev.views(p);
-    const Buffer ws = poisoned_workspace(p);
-    v.workspace = ws.bytes_view();
-    run_attention(p, v);
-    pagedmha::synchronize();
-    dev.download(p.out);
-    dev.download(p.lse);
-    EXPECT_TRUE(check_attention(p, p.reference())) << c.name;
-
-    std::vector<uint8_t> bytes(ws.bytes());
-    pagedmha::copy_bytes(bytes.data(), Device::cpu(), ws.data(), gpu(), ws.bytes());
-    int count = 0;
-    std::memcpy(&count, bytes.data(), 4);
-    const int32_t* list = reinterpret_cast<const int32_t*>(bytes.data() + sm90::PlanLayout::list_offset(p.batch));
+    const std::vector<std::array<int32_t, 4>> entries = run_reading_plan(p, c.name);
+    const int count = static_cast<int>(entries.size());
     std::vector<int> cu(1, 0);
     for (int n : p.q_lens) cu.push_back(cu.back() + n);
     std::vector<std::vector<int>> seen(static_cast<size_t>(p.batch));
@@ -370,7 +362,7 @@ TEST(GpuPrefill, PlanPairsOrSingleTiles) {
       pair_units += (t + 1) / 2;
     }
     const auto tile_of = [&](int e, int& b) {  // -1: empty, -2: not a tile of the batch
-      const int32_t* x = list + 4 * e;
+      const std::array<int32_t, 4>& x = entries[static_cast<size_t>(e)];
       b = x[0];
       if (x[2] <= 0) return -1;
       if (b < 0 || b >= p.batch || x[1] < cu[b] || x[1] >= cu[b + 1]) {
@@ -389,8 +381,6 @@ TEST(GpuPrefill, PlanPairsOrSingleTiles) {
     if (big) EXPECT_TRUE(pairs) << c.name;
     if (!big && sm90::kPlanPairRounds > 0) EXPECT_FALSE(pairs) << c.name;
     ASSERT_EQ(count % 2, 0) << c.name;
-    ASSERT_TRUE(count >= 0 && sm90::PlanLayout::list_offset(p.batch) + 16 * int64_t{count} <= int64_t(bytes.size()))
-        << c.name << ": count " << count;
     int last_cost = 1 << 30;
     std::vector<int> first_unit(static_cast<size_t>(p.batch), -1), units_of(static_cast<size_t>(p.batch), 0);
     for (int e = 0; e < count; e += 2) {
