@@ -13,7 +13,7 @@
 //   * fp8 caches: the raw e4m3 tile lands (TMA boxes shared by the warps as above, or
 //     the gather) in one of the staging slots, then all the team's threads convert it
 //     exactly into the 16-bit stage, zeroing keys outside the span. Two producer teams
-//     where the policy says so (two warpgroups, or policy.h kFp8Wg3's two halves of
+//     where the policy says so (two warpgroups, or policy.h kFp8Teams' two halves of
 //     one): one loads Q and converts the K tiles, the other the V tiles, each through its
 //     own staging slots and named barrier, or (policy.h kFp8InPlace) each through its
 //     ring alone, the raw tile landing in the upper half of the stage it is converted
@@ -71,7 +71,7 @@ struct Producer {
   __device__ void run() {
     static_assert(Pol::kProducerRoles == 1 || (kFp8 && kTma), "two producer teams convert TMA-loaded fp8 tiles");
     if constexpr (Pol::kProducerRoles == 2) {
-      // Teams of two warps (kFp8Wg3): a role read from lane 0 is one ptxas knows is
+      // Teams of two warps (kFp8Teams): a role read from lane 0 is one ptxas knows is
       // warp-uniform, so each team's loop is uniform control flow and keeps the walk, the
       // item and the pipeline state in uniform registers; branching on the plain role
       // spilled its 32 registers.

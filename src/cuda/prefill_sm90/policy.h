@@ -40,8 +40,9 @@
 // on three consumer warpgroups (BlockM 192, kFp8Wg3) where the launch's rounds say so
 // (fp8_rows192_pays; 1, the default), never (0) or always (2).
 // PAGEDMHA_SM90_FP8_D256_TEAMS=1: fp8 KV at D = 256 by TMA with the producer warpgroup in
-// two teams, Q and K, and V (kFp8Teams; prepared, not run). PAGEDMHA_SM90_PRED_RELEASE=0: the consumers release stages in a branch
-// around the arrives (kPredRelease; default 1, predicated arrives).
+// two teams, Q and K, and V (kFp8Teams; prepared, not run). PAGEDMHA_SM90_PRED_RELEASE=0:
+// the consumers release stages in a branch around the arrives (kPredRelease; default 1,
+// predicated arrives).
 #ifndef PAGEDMHA_SM90_PINGPONG
 #define PAGEDMHA_SM90_PINGPONG 0
 #endif
