@@ -14,9 +14,16 @@ def test_geometry_follows_the_policy():
     assert PB.geometry(32, 8, 128, False) == (64, 8, 128, 66)
     # gemma: group 2, clusters of two, pack 1; 80-key tiles.
     assert PB.geometry(16, 8, 256, False) == (128, 8, 80, 66)
-    # gpt-oss bf16: 192-row tiles, pack 4; fp8: 128 rows, no clusters, pack 8.
+    # gpt-oss bf16: 192-row tiles, pack 4; fp8: no clusters, pack 8, 128 rows without
+    # requests, and by policy.h's rule with them: the TP-8 rank's 8k extend (342 tiles,
+    # three rounds, against 512, four) takes 192, a 2k chunk (84 against 125, one round
+    # each) keeps 128.
     assert PB.geometry(64, 8, 64, False) == (48, 8, 128, 66)
     assert PB.geometry(8, 1, 64, True) == (16, 1, 128, 132)
+    assert PB.geometry(8, 1, 64, True, requests=[(8192, 16384)]) == (24, 1, 128, 132)
+    assert PB.geometry(8, 1, 64, True, requests=[(2000, 30000)]) == (16, 1, 128, 132)
+    # 200 requests of 16 tokens are a tile each either way: 128 rows.
+    assert not PB.fp8_rows192_pays(3200, 200, 16, 8, 8, 132)
 
 
 def test_causal_tile_costs_and_units():
@@ -49,3 +56,19 @@ def test_replay_shares():
                      "attention_us": [600.0, 300.0, 100.0], "floor_us": [300.0, 90.0, 50.0]}}
     rows = PB.replay_shares(doc)
     assert rows[1:] == ["0k, 0: 1, 0.100, 0.50", "8k, 1: 1, 0.600, 0.50", "8k, 2: 1, 0.300, 0.30"]
+
+
+def test_mixed_split():
+    # Decode-only steps of 200 rows: 1000 us at 1M KV tokens, 2000 us at 3M (a line of
+    # 0.5 us per 1k). The mixed step: 2.5M KV tokens, 0.5M of them its extend row's, so
+    # its decode rows take 1,500 us of its 4,000; the prefill's 760 GFLOP is 1,000 us of
+    # floor against its 2,500 us.
+    doc = {"steps": {"step": [0, 1, 2], "kv_tokens": [1_000_000, 3_000_000, 2_500_000],
+                     "attention_us": [1000.0, 2000.0, 4000.0], "extend_rows": [0, 0, 1],
+                     "decode_rows": [200, 200, 200], "flops": [0.0, 0.0, 760e9]}}
+    shapes = {"steps": {"step": [0, 1, 2], "extend": [[], [], [[8000, 500_000]]]}}
+    rows = PB.mixed_split(doc, shapes)
+    assert rows[2:] == ["1: 0.38, 0.40"]
+    with pytest.raises(SystemExit):
+        PB.mixed_split(doc, {"steps": {"step": [0, 1], "extend": [[], []]}})
+

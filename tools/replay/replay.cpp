@@ -446,6 +446,7 @@ ReplayResult run_replay(const ReplayOptions& given) {
     rec.capture_s = host.capture_s;
     rec.rows = static_cast<int>(plan.rows.size());
     rec.extend_rows = plan.num_extend;
+    for (int i = 0; i < plan.num_extend; ++i) rec.extend.push_back({plan.rows[i].q_len, plan.rows[i].seq_len});
     rec.decode_rows = plan.num_decode();
     rec.tokens = plan.num_tokens();
     for (const RowPlan& r : plan.rows) {

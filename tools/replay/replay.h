@@ -2,6 +2,7 @@
 // the CPU reference ops, and report attention time, bandwidth and FLOP rates.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -76,6 +77,7 @@ Device parse_device(const std::string& name, const char* cmd = "replay");
 struct StepRecord {
   int64_t step = 0;
   int rows = 0, extend_rows = 0, decode_rows = 0;
+  std::vector<std::array<int, 2>> extend;  // (q_len, seq_len) of each extend row, in row order
   int64_t tokens = 0;       // query tokens
   int64_t kv_tokens = 0;    // sum of seq_len over rows
   double attention_s = 0.0; // all layers (device time)

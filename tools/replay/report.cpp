@@ -287,6 +287,7 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
                          "metadata_us", "prepare_us", "schedule_us", "floor_us", "bytes", "flops", "running",
                          "waiting"};
   for (const char* n : names) cols[n] = json::array();
+  cols["extend"] = json::array();        // per step, [q_len, seq_len] of each extend row
   cols["pages_in_use"] = json::array();  // per group, prefix-cache-only pages included
   cols["live_pages"] = json::array();    // per group, pages running requests reference
   for (size_t g = 0; g < r.model.groups.size(); ++g) {
@@ -304,6 +305,7 @@ nlohmann::json replay_report_json(const ReplayResult& r) {
     cols["schedule_us"].push_back(round2(st.schedule_s * 1e6)), cols["floor_us"].push_back(round2(floor_s(st) * 1e6));
     cols["bytes"].push_back(st.bytes), cols["flops"].push_back(st.flops);
     cols["running"].push_back(st.running), cols["waiting"].push_back(st.waiting);
+    cols["extend"].push_back(st.extend);
     if (multi) cols["combine_us"].push_back(round2(st.combine_s * 1e6)), cols["step_us"].push_back(round2(st.step_s * 1e6));
     for (size_t g = 0; g < st.pages_in_use.size(); ++g) cols["pages_in_use"][g].push_back(st.pages_in_use[g]);
     for (size_t g = 0; g < st.live_pages.size(); ++g) cols["live_pages"][g].push_back(st.live_pages[g]);

@@ -57,6 +57,18 @@ TEST(Replay, ReportStridesStepsAndStatesTheRooflineRatio) {
   EXPECT_EQ(st["step"].back().get<int64_t>(), r.steps.back().step);
   EXPECT_EQ(st["pages_in_use"].size(), r.model.groups.size());
   EXPECT_EQ(st["pages_in_use"][0].size(), st["step"].size());
+  // Each kept step's extend rows: as many as extend_rows, their queries the step's tokens
+  // less one per decode row (no speculative verify here).
+  ASSERT_EQ(st["extend"].size(), st["step"].size());
+  for (size_t i = 0; i < st["step"].size(); ++i) {
+    ASSERT_EQ(st["extend"][i].size(), st["extend_rows"][i].get<size_t>()) << i;
+    int64_t q = 0;
+    for (const auto& row : st["extend"][i]) {
+      q += row[0].get<int64_t>();
+      EXPECT_GE(row[1].get<int64_t>(), row[0].get<int64_t>()) << i;  // seq_len includes the queries
+    }
+    EXPECT_EQ(q, st["tokens"][i].get<int64_t>() - st["decode_rows"][i].get<int64_t>()) << i;
+  }
   double floor = 0, att = 0;
   for (const pt::StepRecord& s : r.steps) {
     floor += std::max(s.bytes / 0.05e12, s.flops / 0.2e12);
