@@ -74,7 +74,8 @@ struct Producer {
       // Teams of two warps (kFp8Teams): a role read from lane 0 is one ptxas knows is
       // warp-uniform, so each team's loop is uniform control flow and keeps the walk, the
       // item and the pipeline state in uniform registers; branching on the plain role
-      // spilled its 32 registers.
+      // spilled its 32 registers. The two producer warpgroups keep the plain role: they
+      // fit their 56 without it, and their kernels are the ones measured.
       if ((kTeam == 64 ? __shfl_sync(0xffffffffu, role, 0) : role) == 0) {
         run_as<Role::kQK>();
       } else {

@@ -105,7 +105,7 @@ void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, i
     }
   }
   if constexpr (D == 64 && kFp8 && PAGEDMHA_SM90_FP8_WG3 != 0) {  // 192-row tiles where they pay
-    const int pack = gqa_pack(a.group);  // fp8 KV runs clusters of one (cluster_size)
+    const int pack = gqa_pack(a.group / cluster_size(a.group, /*kv_tma=*/false));  // run_prefill_with's, fp8
     if (fp8_rows192_pays(prob.num_rows, prob.batch, prob.max_q_len, pack, int64_t{a.num_kv_heads} * (a.group / pack),
                          num_sms) &&
         try_prefill_tma<PrefillPolicy<D, true, true, 0, 192>, T, KV>(prob, a, p, num_sms, stream)) {

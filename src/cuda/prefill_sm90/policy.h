@@ -427,7 +427,8 @@ inline bool fp8_rows192_pays(int64_t rows, int64_t batch, int64_t max_q_len, int
   if (rows <= 0 || batch <= 0 || max_q_len <= 0 || ctas <= 0) return false;
   const auto rounds = [&](int block_m) {
     const int64_t tokens = tokens_per_tile(block_m, pack);
-    const int64_t tiles = std::min((rows + tokens - 1) / tokens + batch - 1, batch * ((max_q_len + tokens - 1) / tokens));
+    const int64_t tiles =
+        std::min((rows + tokens - 1) / tokens + batch - 1, batch * ((max_q_len + tokens - 1) / tokens));
     return (tiles * head_units + ctas - 1) / ctas;
   };
   return 4 * rounds(192) <= 3 * rounds(128);

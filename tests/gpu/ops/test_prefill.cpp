@@ -261,7 +261,8 @@ TEST(GpuPrefill, Fp8HeadDim64BothQueryTiles) {
     const auto takes_192 = [&](const std::vector<int>& q) {
       int rows = 0, longest = 0;
       for (int n : q) rows += n, longest = std::max(longest, n);
-      return sm90::fp8_rows192_pays(rows, static_cast<int>(q.size()), longest, pack, c.Hkv * (c.Hq / c.Hkv / pack), sms);
+      const int head_units = c.Hkv * (c.Hq / c.Hkv / pack);
+      return sm90::fp8_rows192_pays(rows, static_cast<int>(q.size()), longest, pack, head_units, sms);
     };
     // The first candidate the rule sends each way on this GPU (none with the knob at 0 or 2).
     std::vector<int> long_q, short_q;
