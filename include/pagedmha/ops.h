@@ -61,6 +61,14 @@ struct AttentionParams {
   /// within [32, 128]. Results do not depend on it beyond fp32 rounding. Ignored by the
   /// CPU path.
   int num_splits = 0;
+  /// SMs the persistent Hopper kernels (sm_90a prefill and decode) leave free for work
+  /// running beside them on another stream, such as a collective (FlashAttention-3's
+  /// sm_margin): their grid is sized for max(1, SMs - sm_margin) SMs (prefill: whole
+  /// clusters). Results are bitwise the same, except where the smaller grid changes the
+  /// prefill's query tile (fp8 KV at D = 64: 128 or 192 rows, prefill_sm90/policy.h),
+  /// which rounds a few elements differently. >= 0; ignored by the portable kernels and
+  /// the CPU path.
+  int sm_margin = 0;
 };
 
 /// Writes new tokens into a paged cache: k_cache[out_cache_loc[t]] = k[t] and

@@ -100,6 +100,7 @@ detail::AttentionProblem resolve_attention(const ArgCheck& chk, const TensorView
   chk.scalar_finite(params.logits_soft_cap, "logits_soft_cap");
   if (params.logits_soft_cap < 0.0f) chk.fail("logits_soft_cap", ">= 0 (0 disables)", str(params.logits_soft_cap));
   chk.int_at_least(params.num_splits, "num_splits", 0);
+  chk.int_at_least(params.sm_margin, "sm_margin", 0);
 
   chk.int32_vector(seq_lens, "seq_lens", dev, -1);
   const int batch = chk.int32_size(seq_lens, "seq_lens", 0);
@@ -138,6 +139,7 @@ detail::AttentionProblem resolve_attention(const ArgCheck& chk, const TensorView
   p.sinks = params.sinks.defined() ? params.sinks.ptr<const float>() : nullptr;
   p.causal = params.causal;
   p.num_splits = params.num_splits;
+  p.sm_margin = params.sm_margin;
   p.device = dev;
   return p;
 }

@@ -68,6 +68,7 @@ struct AttentionProblem {
   const float* sinks = nullptr;  // optional [Hq]
   bool causal = true;
   int num_splits = 0;  // decode: 0 = chosen on the device
+  int sm_margin = 0;   // persistent Hopper grids: SMs left free (ops.h AttentionParams)
 
   /// The mask these fields describe (include/pagedmha/variant.h).
   MaskVariant mask() const { return MaskVariant{causal, window_left}; }

@@ -531,9 +531,10 @@ inline AttnProblem build(const AttnCase& c) {
 
 /// Runs batch_decode or batch_prefill on the given views (host or device).
 inline void run_attention(const AttnProblem& p, const AttnViews& v, int num_splits = 0,
-                          pagedmha::Stream stream = {}) {
+                          pagedmha::Stream stream = {}, int sm_margin = 0) {
   AttentionParams prm = p.params(v.sinks);
   prm.num_splits = num_splits;
+  prm.sm_margin = sm_margin;
   if (p.c.decode) {
     pagedmha::batch_decode(v.q, v.k_cache, v.v_cache, v.page_table, v.seq_lens, p.c.page_size, p.c.q_len_per_req,
                            v.out, prm, v.lse, v.workspace, stream);

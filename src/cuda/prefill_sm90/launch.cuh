@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "cuda/common/attention_args.cuh"
@@ -17,14 +19,16 @@
 
 namespace pagedmha::cuda::sm90 {
 
-/// CTAs of the persistent grid: one per SM, or as many clusters as fit.
+/// CTAs of the persistent grid: one per SM, or as many clusters as fit, less sm_margin
+/// SMs in whole clusters (at least one cluster).
 template <class Pol, class T, class KV, class Variant>
-int grid_of(int cluster, int device, int num_sms) {
+int grid_of(int cluster, int device, int num_sms, int sm_margin) {
   static int grids[2][64] = {};  // per cluster size and device, computed once
   int& grid = grids[cluster - 1][device & 63];
   if (grid == 0) grid = persistent_grid<Pol, T, KV, Variant>(cluster, num_sms);
   if (grid == 0) throw Error("batch_prefill: no cluster of " + std::to_string(cluster) + " CTAs fits this device");
-  return grid;
+  const int64_t kept = int64_t{grid} - (int64_t{sm_margin} + cluster - 1) / cluster * cluster;
+  return static_cast<int>(std::max<int64_t>(cluster, kept));
 }
 
 /// The plan and the persistent launch of one policy (the K / V load path is decided).
@@ -46,8 +50,9 @@ void run_prefill_with(const detail::AttentionProblem& prob, const AttentionArgs&
   p.space.mask = prob.mask();
   // The soft-cap's code only where a soft-cap is set (device_variant.cuh).
   const bool cap = a.cap_log2 > 0.0f;
-  const int grid = cap ? grid_of<Pol, T, KV, DeviceVariant<true>>(p.cluster, prob.device.index, num_sms)
-                       : grid_of<Pol, T, KV, DeviceVariant<false>>(p.cluster, prob.device.index, num_sms);
+  const int grid =
+      cap ? grid_of<Pol, T, KV, DeviceVariant<true>>(p.cluster, prob.device.index, num_sms, prob.sm_margin)
+          : grid_of<Pol, T, KV, DeviceVariant<false>>(p.cluster, prob.device.index, num_sms, prob.sm_margin);
   const int per_entry = a.num_kv_heads * (p.head_groups / p.cluster), walkers = grid / p.cluster;
   p.item_div = {cutlass::FastDivmod(per_entry), cutlass::FastDivmod(p.head_groups / p.cluster)};
   p.walkers = cutlass::FastDivmod(walkers);
@@ -107,7 +112,7 @@ void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, i
   if constexpr (D == 64 && kFp8 && PAGEDMHA_SM90_FP8_WG3 != 0) {  // 192-row tiles where they pay
     const int pack = gqa_pack(a.group / cluster_size(a.group, /*kv_tma=*/false));  // run_prefill_with's, fp8
     if (fp8_rows192_pays(prob.num_rows, prob.batch, prob.max_q_len, pack, int64_t{a.num_kv_heads} * (a.group / pack),
-                         num_sms) &&
+                         std::max(1, num_sms - prob.sm_margin)) &&
         try_prefill_tma<PrefillPolicy<D, true, true, 0, 192>, T, KV>(prob, a, p, num_sms, stream)) {
       return;
     }

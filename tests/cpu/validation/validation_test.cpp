@@ -277,6 +277,12 @@ TEST(Validation, NegativeSoftCap) {
   EXPECT_ERROR(d.run(), "logits_soft_cap: expected >= 0", "got -1");
 }
 
+TEST(Validation, NegativeSmMargin) {
+  Decode d;
+  d.params.sm_margin = -1;
+  EXPECT_ERROR(d.run(), "batch_decode: sm_margin: expected >= 0", "got -1");
+}
+
 TEST(Validation, SinkPositiveInfinity) {
   Decode d;
   std::vector<float> sinks{0.0f, kInf, 0.0f, 0.0f};

@@ -75,17 +75,17 @@ inline Buffer poisoned_workspace(const AttnProblem& p) {
 }
 
 /// Runs `p` on the GPU with device views `v` (a poisoned workspace added) and waits.
-inline void launch(const AttnProblem& p, AttnViews v, int num_splits = 0) {
+inline void launch(const AttnProblem& p, AttnViews v, int num_splits = 0, int sm_margin = 0) {
   const Buffer ws = poisoned_workspace(p);
   if (ws.data()) v.workspace = ws.bytes_view();
-  run_attention(p, v, num_splits);
+  run_attention(p, v, num_splits, {}, sm_margin);
   pagedmha::synchronize();
 }
 
 /// Runs `p` on the GPU (inputs copied once per mirror) and copies out and lse back
 /// into p's host storages.
-inline void run_gpu(const AttnProblem& p, DeviceMirror& dev, int num_splits = 0) {
-  launch(p, dev.views(p), num_splits);
+inline void run_gpu(const AttnProblem& p, DeviceMirror& dev, int num_splits = 0, int sm_margin = 0) {
+  launch(p, dev.views(p), num_splits, sm_margin);
   dev.download(p.out);
   if (p.c.with_lse) dev.download(p.lse);
 }
@@ -237,6 +237,39 @@ inline void check_split_counts(AttnCase c, std::initializer_list<int> splits) {
         << r.out_where << "), "
         << r.lse_count << " of " << r.lse_total << " lse values beyond 1e-5 relative (worst " << r.lse_worst
         << " at " << r.lse_where << ")";
+  }
+}
+
+/// AttentionParams::sm_margin sizes only the persistent grids: `c` with 1, 37, all but
+/// one and more than all of the device's SMs left free agrees with the oracle and, when
+/// `bitwise`, gives bitwise the outputs and lse of sm_margin 0.
+inline void check_sm_margins(AttnCase c, bool bitwise = true) {
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  c.name = describe(c);
+  const AttnProblem base = build(c);
+  DeviceMirror dev;
+  run_gpu(base, dev);
+  EXPECT_TRUE(check_attention(base, base.reference())) << c.name << " sm_margin=0";
+  for (int margin : {1, 37, sms - 1, sms + 100}) {
+    const AttnProblem p = with_new_outputs(base);
+    try {
+      run_gpu(p, dev, 0, margin);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << c.name << " sm_margin=" << margin << ": " << e.what();
+      continue;
+    }
+    EXPECT_TRUE(check_attention(p, base.reference())) << c.name << " sm_margin=" << margin;
+    if (!bitwise) continue;
+    int64_t out_diff = 0, lse_diff = 0;
+    for (int row = 0; row < p.rows; ++row)
+      for (int h = 0; h < c.Hq; ++h) {
+        for (int d = 0; d < c.D; ++d) out_diff += !(p.out.get({row, h, d}) == base.out.get({row, h, d}));
+        if (c.with_lse) lse_diff += !(p.lse.typed<float>()[row * c.Hq + h] == base.lse.typed<float>()[row * c.Hq + h]);
+      }
+    EXPECT_TRUE(out_diff == 0 && lse_diff == 0)
+        << c.name << " sm_margin=" << margin << " (of " << sms << " SMs): " << out_diff << " out elements and "
+        << lse_diff << " lse values differ from sm_margin=0";
   }
 }
 

@@ -302,6 +302,24 @@ void check_huge_logits(AttnCase c) {
   EXPECT_TRUE(check_attention(p, ref)) << c.name;
 }
 
+// AttentionParams::sm_margin on the Hopper decode (harness.h check_sm_margins): a grid of
+// fewer CTAs walks the same items, split by each request's length alone. bf16 with
+// splits, and the TP-8 rank's fp8 geometry (one KV head, D = 64) with a window.
+TEST(GpuDecodePaths, SmMarginKeepsResults) {
+  REQUIRE_GPU();
+  AttnCase c = gpu_case();
+  c.kv_lens = {9000, 3000, 17, 1};
+  c.with_lse = true;
+  c.seed = 3201;
+  check_sm_margins(c);
+  c.Hq = 8, c.Hkv = 1, c.D = 64;
+  c.kv_dtype = DType::fp8_e4m3;
+  c.kv_lens = {5000, 12000, 300};
+  c.window_left = 127;
+  c.seed = 3202;
+  check_sm_margins(c);
+}
+
 TEST(GpuDecodePaths, HugeFiniteLogitsStayExact) {
   REQUIRE_GPU();
   int i = 0;

@@ -208,6 +208,37 @@ TEST(GpuPrefill, HeadDim256BothKeyTiles) {
   }
 }
 
+// AttentionParams::sm_margin (harness.h check_sm_margins): a persistent grid of fewer CTAs
+// walks the same tiles, bitwise. Three launches: bf16 at D = 128 (pairs of tiles on the
+// whole grid, single tiles on one CTA); D = 256 with a window and a soft-cap; gpt-oss's
+// fp8 geometry with sinks, whose 192-row rule counts the grid's SMs (policy.h
+// fp8_rows192_pays: 128 rows on the whole grid, 192 rows from 37 SMs left free). The
+// 192-row tiles round a few elements differently (39 of 819,200 outputs and 74 of 12,800
+// lse values on the H100, s31run1), so that launch is checked against the oracle only.
+TEST(GpuPrefill, SmMarginKeepsResults) {
+  REQUIRE_GPU();
+  AttnCase c = gpu_case(/*decode=*/false);
+  c.kv_lens = {1500, 700, 129};
+  c.q_lens = {1500, 300, 129};
+  c.with_lse = true;
+  c.seed = 3101;
+  check_sm_margins(c);
+  c.Hq = 16, c.Hkv = 8, c.D = 256;
+  c.kv_lens = {1200, 77};
+  c.q_lens = {1100, 77};
+  c.window_left = 500, c.soft_cap = 30.0;
+  c.seed = 3103;
+  check_sm_margins(c);
+  c = gpu_case(/*decode=*/false);
+  c.Hq = 64, c.Hkv = 8, c.D = 64;
+  c.kv_dtype = DType::fp8_e4m3;
+  c.sinks = SinkMode::mixed;
+  c.kv_lens = {900, 400};
+  c.q_lens = {100, 100};  // 112 tiles of 128 rows (16 tokens) or 80 of 192: one round on 132 SMs
+  c.seed = 3102;
+  check_sm_margins(c, /*bitwise=*/false);
+}
+
 // Runs problem p with a poisoned workspace, checks it against the oracle, and returns the
 // Hopper plan read back from the workspace (hopper/schedule.cuh plan_kernel): its entries
 // (request, first query row, rows from there, KV length), as many as its count says (none,
