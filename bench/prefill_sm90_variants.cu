@@ -163,8 +163,8 @@ const Shape kShapes[] = {
     {"gpt-oss-tp8", 8, 1, 64, 1, 16384, 16, false, false, 8192},
     {"gpt-oss-tp8", 8, 1, 64, 1, 30000, 16, true, false, 2000},
     {"gpt-oss-tp8", 8, 1, 64, 2, 20000, 16, true, false, 3000},
-    // 26-28: gemma with fp8 KV (D = 256's one converting producer warpgroup, or its two
-    // teams with PAGEDMHA_SM90_FP8_D256_TEAMS=1).
+    // 26-28: gemma with fp8 KV (D = 256's producer warpgroup in two converting teams, or
+    // as one with PAGEDMHA_SM90_FP8_D256_TEAMS=0).
     {"gemma", 16, 8, 256, 4, 4096, 16, true}, {"gemma", 16, 8, 256, 16, 1024, 16, true},
     {"gemma", 16, 8, 256, 1, 16384, 16, true},
 };

@@ -39,8 +39,9 @@
 // always pairs, round-robin). PAGEDMHA_SM90_FP8_WG3: fp8 KV at D = 64 in 192-row tiles
 // on three consumer warpgroups (BlockM 192, kFp8Wg3) where the launch's rounds say so
 // (fp8_rows192_pays; 1, the default), never (0) or always (2).
-// PAGEDMHA_SM90_FP8_D256_TEAMS=1: fp8 KV at D = 256 by TMA with the producer warpgroup in
-// two teams, Q and K, and V (kFp8Teams; prepared, not run). PAGEDMHA_SM90_PRED_RELEASE=0:
+// PAGEDMHA_SM90_FP8_D256_TEAMS: fp8 KV at D = 256 by TMA with the producer warpgroup in
+// two teams, Q and K, and V (kFp8Teams; 1, the default), or as one (0).
+// PAGEDMHA_SM90_PRED_RELEASE=0:
 // the consumers release stages in a branch around the arrives (kPredRelease; default 1,
 // predicated arrives).
 #ifndef PAGEDMHA_SM90_PINGPONG
@@ -65,7 +66,7 @@
 #define PAGEDMHA_SM90_FP8_WG3 1
 #endif
 #ifndef PAGEDMHA_SM90_FP8_D256_TEAMS
-#define PAGEDMHA_SM90_FP8_D256_TEAMS 0
+#define PAGEDMHA_SM90_FP8_D256_TEAMS 1
 #endif
 #ifndef PAGEDMHA_SM90_PRED_RELEASE
 #define PAGEDMHA_SM90_PRED_RELEASE 1
@@ -170,14 +171,13 @@ struct PrefillPolicy {
   static constexpr int kProducerWarpgroups =
       Fp8Kv && KvTma && D <= 128 && PAGEDMHA_SM90_FP8_PRODUCERS == 2 && !kFp8Wg3 ? 2 : 1;
   static constexpr int kThreads = 128 * (kProducerWarpgroups + kConsumerWarpgroups);
-  // Knob (off, prepared and not run): fp8 KV at D = 256 by TMA with its one producer
-  // warpgroup in two teams of two warps, Q and the K tiles, and the V tiles, each with
-  // one of the two staging slots, as kFp8Wg3 at D = 64 (where splitting the warpgroup's
-  // coupled K / V walk gained 13-20%, docs/perf-notes/prefill-sm90-fp8.md section 13).
-  // One warpgroup walking both keeps one tile in flight while it converts the other
-  // (about 2 x max(load, conversion) per KV step); two teams with a slot each take about
-  // load + conversion, side by side (section 14). Two producer warpgroups do not fit
-  // D = 256's consumers' registers (section 11); two teams keep its 72 / 216 split.
+  // fp8 KV at D = 256 by TMA: its one producer warpgroup in two teams of two warps, Q and
+  // the K tiles, and the V tiles, each with one of the two staging slots, as kFp8Wg3 at
+  // D = 64. One warpgroup walking both keeps one tile in flight while it converts the
+  // other; two teams convert side by side: gemma fp8 +10% at 4 x 4k, +15% at 1 x 16k,
+  // +1.5% at 16 x 1k, bitwise the same (H100 s31run1; docs/perf-notes/prefill-sm90-fp8.md
+  // section 14). Two producer warpgroups do not fit D = 256's consumers' registers
+  // (section 11); two teams keep its 72 / 216 split.
   static constexpr bool kFp8Teams =
       kFp8Wg3 || (Fp8Kv && D == 256 && KvTma && PAGEDMHA_SM90_FP8_D256_TEAMS != 0);
   // Producer teams (producer.cuh Role): one, or two (Q and K, and V) of kRoleThreads
