@@ -2,7 +2,6 @@
 // write slots of a layer's step, its arguments checked before anything is written, then
 // append_kv and the one attention op the step's mode takes (ops.h).
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "backend/buffers.h"
@@ -20,17 +19,6 @@ namespace {
 // What a forward call without metadata passes on (an lvalue, so that a slot is passed by
 // reference, not copied with its group vector, on every layer's call).
 const AttentionMetadata kNoMetadata{};
-
-// Experiment (docs/perf-notes/replays.md, mixed steps): PAGEDMHA_MIXED_DECODE_SMS = k > 0
-// gives a mixed step's decode rows k SMs (their persistent grid) and the prefill grid the
-// others; -1 runs the decode rows after the prefill on the caller's stream.
-int mixed_decode_sms() {
-  static const int k = [] {
-    const char* v = std::getenv("PAGEDMHA_MIXED_DECODE_SMS");
-    return v ? std::atoi(v) : 0;
-  }();
-  return k;
-}
 }  // namespace
 
 const AttentionMetadata* MhaBackend::select_slot(ForwardMode mode) const {
@@ -322,19 +310,15 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   }
   if (T == 0) return out2;
 
-  auto run_prefill = [&](Stream stream, int sm_margin = 0) {
-    AttentionParams pp = params;
-    pp.sm_margin = sm_margin;
+  auto run_prefill = [&](Stream stream) {
     prefill_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& cu, int mq,
                      const TensorView& orr) {
-      batch_prefill(qr, kv.k_cache, kv.v_cache, tr, sl, cu, config_.page_size, mq, orr, pp, {}, plan_ws, stream);
+      batch_prefill(qr, kv.k_cache, kv.v_cache, tr, sl, cu, config_.page_size, mq, orr, params, {}, plan_ws, stream);
     });
   };
-  auto run_decode = [&](Stream stream, int sm_margin = 0) {
-    AttentionParams pd = params;
-    pd.sm_margin = sm_margin;
+  auto run_decode = [&](Stream stream) {
     decode_rows([&](const TensorView& qr, const TensorView& tr, const TensorView& sl, const TensorView& orr) {
-      batch_decode(qr, kv.k_cache, kv.v_cache, tr, sl, config_.page_size, plan.dec_q_len, orr, pd, {}, workspace,
+      batch_decode(qr, kv.k_cache, kv.v_cache, tr, sl, config_.page_size, plan.dec_q_len, orr, params, {}, workspace,
                    stream);
     });
   };
@@ -343,12 +327,6 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
     return out2;
   }
   if (plan.t_pre == 0) {
-    run_decode(s);
-    return out2;
-  }
-  const int dec_sms = mixed_decode_sms(), sms = side_->sm_count();
-  if (dec_sms < 0 || !side_->active()) {
-    run_prefill(s);
     run_decode(s);
     return out2;
   }
@@ -368,9 +346,8 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
     }
   } guard{side_.get(), s};
   const Stream aux = side_->fork(s);
-  const bool split = dec_sms > 0 && dec_sms < sms;
-  run_prefill(s, split ? dec_sms : 0);
-  run_decode(aux, split ? sms - dec_sms : 0);
+  run_prefill(s);
+  run_decode(aux);
   guard.side = nullptr;
   side_->join(s);
   return out2;

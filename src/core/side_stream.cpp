@@ -11,7 +11,6 @@ SideStream::SideStream(Device device) {
   if (!device.is_cuda()) return;
   device_ = device.index;
   cuda::side_stream_create(device_, &stream_, &fork_event_, &join_event_);
-  sm_count_ = cuda::multiprocessor_count(device_);
 #else
   (void)device;
 #endif

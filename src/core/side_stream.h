@@ -17,8 +17,6 @@ class SideStream {
   SideStream& operator=(const SideStream&) = delete;
 
   bool active() const { return stream_ != nullptr; }
-  /// The device's SM count (0 when inert).
-  int sm_count() const { return sm_count_; }
   /// The side stream, ordered after everything issued on `main` so far.
   Stream fork(Stream main);
   /// Orders everything issued on `main` from now on after the side stream's work.
@@ -26,7 +24,6 @@ class SideStream {
 
  private:
   int device_ = -1;
-  int sm_count_ = 0;
   void* stream_ = nullptr;
   void* fork_event_ = nullptr;
   void* join_event_ = nullptr;
