@@ -89,6 +89,9 @@ Args:
     logits_soft_cap: c > 0 applies c * tanh(s / c) to the logits; 0 disables.
     sinks: optional fp32 [Hq], an unscaled extra logit per query head (natural-log units).
     num_splits: CUDA split-KV count; 0 lets the kernel choose per request.
+    sm_margin: SMs the persistent Hopper kernel leaves free for work beside it on another
+        stream, such as a collective (FlashAttention-3's sm_margin): its grid is sized for
+        max(1, SMs - sm_margin) SMs. Results do not change. >= 0; ignored elsewhere.
     lse: optional fp32 [batch * q_len_per_req, Hq], log-sum-exp (natural log, includes the sink).
     workspace: uint8 buffer of at least decode_workspace_size(...) bytes; None when that is 0.
     stream: as in append_kv.
@@ -118,6 +121,8 @@ Args:
     bmm1_scale, bmm2_scale, window_left, logits_soft_cap, sinks: as in batch_decode.
     causal: True: bottom-right causal mask; False: every query sees all L keys (the window
         still bounds keys from the left).
+    sm_margin: as in batch_decode (whole clusters; at fp8 KV with D = 64 the smaller grid
+        may choose 192-row query tiles, which round a few elements differently).
     lse: optional fp32 [total_q, Hq].
     workspace: uint8 buffer of at least prefill_workspace_size(device, batch, total_q) bytes
         (the Hopper kernel's tile plan); None when that is 0 (CPU arrays).
@@ -242,7 +247,7 @@ void bind_ops(nb::module_& m) {
       [](const ArrayArg& q, const ArrayArg& k_cache, const ArrayArg& v_cache,
          const ArrayArg& page_table, const ArrayArg& seq_lens, int page_size, int q_len_per_req,
          const ArrayArg& out, std::optional<double> bmm1_scale, double bmm2_scale, int window_left,
-         double logits_soft_cap, const ArrayArg& sinks, int num_splits, const ArrayArg& lse,
+         double logits_soft_cap, const ArrayArg& sinks, int num_splits, int sm_margin, const ArrayArg& lse,
          const ArrayArg& workspace, std::optional<std::uintptr_t> stream) {
         const Views view{"batch_decode"};
         const TensorView q_ = view("q", q), kc = view("k_cache", k_cache),
@@ -252,6 +257,7 @@ void bind_ops(nb::module_& m) {
         AttentionParams params = attention_params(view, q_, bmm1_scale, bmm2_scale, window_left,
                                                   logits_soft_cap, sinks);
         params.num_splits = num_splits;
+        params.sm_margin = sm_margin;
         nb::gil_scoped_release release;
         batch_decode(q_, kc, vc, pt, sl, page_size, q_len_per_req, o, params, l, ws,
                      to_stream(stream));
@@ -259,7 +265,7 @@ void bind_ops(nb::module_& m) {
       arg("q"), arg("k_cache"), arg("v_cache"), arg("page_table"), arg("seq_lens"),
       arg("page_size"), arg("q_len_per_req"), arg("out"), nb::kw_only(), arg("bmm1_scale").none() = nb::none(),
       arg("bmm2_scale") = 1.0, arg("window_left") = -1, arg("logits_soft_cap") = 0.0,
-      arg("sinks").none() = nb::none(), arg("num_splits") = 0, arg("lse").none() = nb::none(),
+      arg("sinks").none() = nb::none(), arg("num_splits") = 0, arg("sm_margin") = 0, arg("lse").none() = nb::none(),
       arg("workspace").none() = nb::none(), arg("stream").none() = nb::none(), kBatchDecodeDoc);
 
   m.def(
@@ -268,7 +274,7 @@ void bind_ops(nb::module_& m) {
          const ArrayArg& page_table, const ArrayArg& seq_lens, const ArrayArg& cu_seqlens_q,
          int page_size, int max_q_len, const ArrayArg& out, std::optional<double> bmm1_scale,
          double bmm2_scale, int window_left, double logits_soft_cap, const ArrayArg& sinks,
-         bool causal, const ArrayArg& lse, const ArrayArg& workspace,
+         bool causal, int sm_margin, const ArrayArg& lse, const ArrayArg& workspace,
          std::optional<std::uintptr_t> stream) {
         const Views view{"batch_prefill"};
         const TensorView q_ = view("q", q), kc = view("k_cache", k_cache),
@@ -279,6 +285,7 @@ void bind_ops(nb::module_& m) {
         AttentionParams params = attention_params(view, q_, bmm1_scale, bmm2_scale, window_left,
                                                   logits_soft_cap, sinks);
         params.causal = causal;
+        params.sm_margin = sm_margin;
         nb::gil_scoped_release release;
         batch_prefill(q_, kc, vc, pt, sl, cu, page_size, max_q_len, o, params, l, ws,
                       to_stream(stream));
@@ -287,7 +294,7 @@ void bind_ops(nb::module_& m) {
       arg("cu_seqlens_q"), arg("page_size"), arg("max_q_len"), arg("out"), nb::kw_only(),
       arg("bmm1_scale").none() = nb::none(), arg("bmm2_scale") = 1.0, arg("window_left") = -1,
       arg("logits_soft_cap") = 0.0, arg("sinks").none() = nb::none(), arg("causal") = true,
-      arg("lse").none() = nb::none(), arg("workspace").none() = nb::none(),
+      arg("sm_margin") = 0, arg("lse").none() = nb::none(), arg("workspace").none() = nb::none(),
       arg("stream").none() = nb::none(), kBatchPrefillDoc);
 
   m.def(

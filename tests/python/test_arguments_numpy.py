@@ -52,6 +52,8 @@ def test_batch_decode_positional(decode_args, index, value, message):
     (dict(stream=-1), r"^batch_decode: stream: expected an int in \[0, 2\^64\), got -1$"),
     (dict(stream=2**64), r"^batch_decode: stream: expected an int in \[0, 2\^64\), got 18446744073709551616$"),
     (dict(window_left=np.array([-1])), r"^batch_decode: window_left: expected an int, got ndarray"),
+    (dict(sm_margin=-1), r"^batch_decode: sm_margin: expected >= 0, got -1$"),
+    (dict(sm_margin=1.5), r"^batch_decode: sm_margin: expected an int, got float 1.5$"),
     (dict(bmm_scale=0.1), r"^batch_decode: bmm_scale: unexpected keyword argument \(expected one of q, .*bmm1_scale"),
 ])
 def test_batch_decode_keywords(decode_args, kwargs, message):
