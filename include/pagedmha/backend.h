@@ -90,6 +90,10 @@ struct BackendConfig {
   std::vector<std::string> state_cache_groups;
   /// Stream every op of this backend is issued on (set_stream changes it).
   Stream stream{};
+  /// SMs every attention launch leaves free for a kernel beside it on another stream,
+  /// such as a collective (AttentionParams::sm_margin; >= 0; results do not change beyond
+  /// rounding).
+  int sm_margin = 0;
 };
 
 /// Per-layer attention parameters (the engine's attention layer).

@@ -279,7 +279,8 @@ def create_backend(name: str = "pagedmha", *args, **config) -> MhaBackend:
 
     ``config``: keyword arguments of :class:`MhaBackend` (page_size, context_len,
     kv_cache_dtype, out_dtype, max_bs, device, spec_num_tokens, is_draft, draft_block_decode,
-    workspace_bytes, num_q_heads, num_kv_heads, head_dim, state_cache_groups, stream); dtypes
+    workspace_bytes, num_q_heads, num_kv_heads, head_dim, state_cache_groups, stream,
+    sm_margin); dtypes
     may be given by name ("bf16") and device as "cpu" / "cuda:N" / a torch.device. For a CUDA
     device with stream None the backend starts on the device's current torch stream.
 

@@ -188,7 +188,7 @@ BackendConfig make_config(const char* call, int page_size, int context_len, DTyp
                           bool draft_block_decode, std::size_t workspace_bytes, int num_q_heads,
                           int num_kv_heads, int head_dim,
                           std::vector<std::string> state_cache_groups,
-                          std::optional<std::uintptr_t> stream) {
+                          std::optional<std::uintptr_t> stream, int sm_margin) {
   BackendConfig c;
   c.page_size = page_size;
   c.context_len = context_len;
@@ -205,6 +205,7 @@ BackendConfig make_config(const char* call, int page_size, int context_len, DTyp
   c.head_dim = head_dim;
   c.state_cache_groups = std::move(state_cache_groups);
   c.stream = Stream{reinterpret_cast<void*>(stream.value_or(0))};
+  c.sm_margin = sm_margin;
   return c;
 }
 
@@ -218,12 +219,12 @@ auto with_config(const char* call, F f) {
                    int max_bs, nb::handle device, int spec_num_tokens, bool is_draft,
                    bool draft_block_decode, std::size_t workspace_bytes, int num_q_heads,
                    int num_kv_heads, int head_dim, std::vector<std::string> state_cache_groups,
-                   std::optional<std::uintptr_t> stream) {
+                   std::optional<std::uintptr_t> stream, int sm_margin) {
     try {
       return f(lead..., make_config(call, page_size, context_len, kv_cache_dtype, out_dtype, max_bs,
                                     device, spec_num_tokens, is_draft, draft_block_decode,
                                     workspace_bytes, num_q_heads, num_kv_heads, head_dim,
-                                    std::move(state_cache_groups), stream));
+                                    std::move(state_cache_groups), stream, sm_margin));
     } catch (const Error& e) {
       std::string m = e.what();
       const std::string field = std::string(call) + ": config.";
@@ -240,7 +241,7 @@ auto with_config(const char* call, F f) {
       nb::arg("draft_block_decode") = false, nb::arg("workspace_bytes") = 0,                    \
       nb::arg("num_q_heads") = 0, nb::arg("num_kv_heads") = 0, nb::arg("head_dim") = 0,         \
       nb::arg("state_cache_groups") = std::vector<std::string>{},                               \
-      nb::arg("stream").none() = nb::none()
+      nb::arg("stream").none() = nb::none(), nb::arg("sm_margin") = 0
 
 #define PAGEDMHA_FORWARD_ARGS                                                                  \
   nb::arg("q"), nb::arg("k").none(), nb::arg("v").none(), nb::arg("layer"), nb::arg("k_cache"), \
@@ -257,6 +258,8 @@ Config (keyword arguments, fixed for the backend's lifetime):
     (0: sized from num_q_heads, num_kv_heads, head_dim of the largest layer, or by
     register_layers). state_cache_groups: recurrent cache
     groups to ignore (distinct ids). stream: cudaStream_t as int for the backend's ops (set_stream changes it).
+    sm_margin: SMs every attention launch leaves free for a kernel beside it on another
+    stream, such as a collective (>= 0; see batch_decode).
 
 Raises:
     pagedmha.Error: invalid config values (and, for create_backend, an unknown name).)";

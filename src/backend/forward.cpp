@@ -204,6 +204,7 @@ TensorView MhaBackend::run_attention(const TensorView& q, const TensorView& k, c
   params.window_left = layer.window_left;
   params.logits_soft_cap = layer.logits_soft_cap;
   params.sinks = layer.sinks;
+  params.sm_margin = config_.sm_margin;
   const Device dev = config_.device;
   const TensorView workspace = workspace_.bytes() > 0 ? workspace_.bytes_view() : TensorView{};
   const TensorView plan_ws = prefill_workspace_.bytes() > 0 ? prefill_workspace_.bytes_view() : TensorView{};

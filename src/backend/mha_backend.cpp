@@ -66,6 +66,7 @@ MhaBackend::MhaBackend(const BackendConfig& config) try : config_(config) {
     fail("config.out_dtype", "bf16 or fp16", dtype_name(c.out_dtype));
   }
   check_unique_ids(c.state_cache_groups, "config.state_cache_groups");
+  if (c.sm_margin < 0) fail("config.sm_margin", ">= 0", str(c.sm_margin));
   const Device dev = c.device;
   const Stream s = c.stream;
   const int N = c.spec_num_tokens;

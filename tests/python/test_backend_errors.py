@@ -16,6 +16,8 @@ def test_create_backend_names_itself_and_the_keyword():
                           head_dim=96)
     with pytest.raises(pm.Error, match=r"^create_backend: page_size: expected >= 1, got 0$"):
         pm.create_backend("pagedmha", page_size=0, context_len=CONTEXT)
+    with pytest.raises(pm.Error, match=r"^create_backend: sm_margin: expected >= 0, got -3$"):
+        pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, sm_margin=-3)
     with pytest.raises(pm.Error, match=r"^MhaBackend: head_dim: expected 64, 128 or 256, got 96$"):
         pm.MhaBackend(page_size=P, context_len=CONTEXT, num_q_heads=8, num_kv_heads=8, head_dim=96)
 

@@ -65,6 +65,9 @@ TEST(BackendErrorNames, CreateBackendNamesItselfAndTheConfigField) {
   c = config();
   c.page_size = 0;
   EXPECT_TRUE(names(message([&] { create_backend("pagedmha", c); }), "create_backend: config.page_size: expected >= 1, got 0"));
+  c = config();
+  c.sm_margin = -1;
+  EXPECT_TRUE(names(message([&] { create_backend("pagedmha", c); }), "create_backend: config.sm_margin: expected >= 0, got -1"));
 }
 
 // A state cache group listed twice is a config mistake (the engine's groups are distinct).

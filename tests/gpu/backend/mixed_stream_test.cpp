@@ -4,7 +4,8 @@
 // the other on one stream, layer after layer with no host synchronisation in between (a
 // missing fork would read unwritten K/V, a missing join would copy unfinished rows), in
 // eager mode and replayed from a graph captured in cudaStreamCaptureModeGlobal; a few
-// rows also against the fp64 oracle.
+// rows also against the fp64 oracle. A backend whose config leaves 100 SMs free
+// (config.sm_margin, passed to both kernels) gives the same bits.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -85,9 +86,10 @@ TEST(BackendMixedStreams, PrefillBesideDecodeEqualsSequentialOpsEagerAndCaptured
   for (std::size_t i = 0; i < pool; ++i) kh[i] = bf16_of_index(i, 1), vh[i] = bf16_of_index(i, 2);
   std::fill(kh.begin(), kh.begin() + P * Hkv * D, 0), std::fill(vh.begin(), vh.begin() + P * Hkv * D, 0);
   // Pools: the backend's (eager), the sequential ops', and the graph's.
-  DevBuf kb(pool * 2), vb(pool * 2), ks(pool * 2), vs(pool * 2), kg(pool * 2), vg(pool * 2);
-  for (DevBuf* b : {&kb, &ks, &kg}) b->put(kh, s);
-  for (DevBuf* b : {&vb, &vs, &vg}) b->put(vh, s);
+  DevBuf kb(pool * 2), vb(pool * 2), ks(pool * 2), vs(pool * 2), kg(pool * 2), vg(pool * 2), km(pool * 2),
+      vm(pool * 2);
+  for (DevBuf* b : {&kb, &ks, &kg, &km}) b->put(kh, s);
+  for (DevBuf* b : {&vb, &vs, &vg, &vm}) b->put(vh, s);
   auto kv_of = [&](DevBuf& k, DevBuf& v) {
     return KvCacheView{TensorView(k.buf.data(), DType::bf16, dev, {int64_t{pages} * P, Hkv, D}),
                        TensorView(v.buf.data(), DType::bf16, dev, {int64_t{pages} * P, Hkv, D})};
@@ -109,7 +111,7 @@ TEST(BackendMixedStreams, PrefillBesideDecodeEqualsSequentialOpsEagerAndCaptured
     for (std::size_t i = 0; i < kn; ++i) h[i] = bf16_of_index(i, 30 + l);
     v.back().put(h, s);
   }
-  DevBuf out_b(qn * 2 * kLayers), out_s(qn * 2 * kLayers), out_g(qn * 2 * kLayers);
+  DevBuf out_b(qn * 2 * kLayers), out_s(qn * 2 * kLayers), out_g(qn * 2 * kLayers), out_m(qn * 2 * kLayers);
   auto view3 = [&](const DevBuf& b, int64_t rows, int H, std::size_t offset_elems = 0) {
     return TensorView(static_cast<uint16_t*>(b.buf.data()) + offset_elems, DType::bf16, dev, {rows, H, D});
   };
@@ -148,6 +150,16 @@ TEST(BackendMixedStreams, PrefillBesideDecodeEqualsSequentialOpsEagerAndCaptured
     be.forward_extend(view3(q[l], T, Hq), view3(k[l], T, Hkv), view3(v[l], T, Hkv), layer, kv_b, fb.out_cache_loc, bs,
                       view3(out_b, T, Hq, qn * l));
 
+  // The same with 100 SMs left free by every kernel (config.sm_margin).
+  BackendConfig cfg_m = cfg;
+  cfg_m.sm_margin = 100;
+  MhaBackend be_m(cfg_m);
+  be_m.init_forward_metadata(fb);
+  const KvCacheView kv_m = kv_of(km, vm);
+  for (int l = 0; l < kLayers; ++l)
+    be_m.forward_extend(view3(q[l], T, Hq), view3(k[l], T, Hkv), view3(v[l], T, Hkv), layer, kv_m, fb.out_cache_loc,
+                        bs, view3(out_m, T, Hq, qn * l));
+
   // The same ops one after the other on the one stream.
   AttentionParams params;
   params.bmm1_scale = layer.scaling;
@@ -177,11 +189,13 @@ TEST(BackendMixedStreams, PrefillBesideDecodeEqualsSequentialOpsEagerAndCaptured
   for (int rep = 0; rep < 2; ++rep) CUDA_OK(cudaGraphLaunch(exec, cs));
 
   const auto ob = out_b.get<uint16_t>(qn * kLayers, s), os = out_s.get<uint16_t>(qn * kLayers, s),
-             og = out_g.get<uint16_t>(qn * kLayers, s);
-  int64_t diff_eager = 0, diff_graph = 0;
-  for (std::size_t i = 0; i < ob.size(); ++i) diff_eager += ob[i] != os[i], diff_graph += og[i] != os[i];
+             og = out_g.get<uint16_t>(qn * kLayers, s), om = out_m.get<uint16_t>(qn * kLayers, s);
+  int64_t diff_eager = 0, diff_graph = 0, diff_margin = 0;
+  for (std::size_t i = 0; i < ob.size(); ++i)
+    diff_eager += ob[i] != os[i], diff_graph += og[i] != os[i], diff_margin += om[i] != os[i];
   EXPECT_EQ(diff_eager, 0) << "elements differing from the sequential ops (eager)";
   EXPECT_EQ(diff_graph, 0) << "elements differing from the sequential ops (graph replay)";
+  EXPECT_EQ(diff_margin, 0) << "elements differing from the sequential ops (config.sm_margin 100)";
   EXPECT_TRUE(kb.get<uint16_t>(pool, s) == ks.get<uint16_t>(pool, s)) << "K pools differ";
   EXPECT_TRUE(vb.get<uint16_t>(pool, s) == vs.get<uint16_t>(pool, s)) << "V pools differ";
 
