@@ -105,12 +105,13 @@ def _batch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   q_len_per_req: int, out: torch.Tensor, lse: Optional[torch.Tensor],
                   workspace: Optional[torch.Tensor], bmm1_scale: Optional[float] = None,
                   bmm2_scale: float = 1.0, window_left: int = -1, logits_soft_cap: float = 0.0,
-                  sinks: Optional[torch.Tensor] = None, num_splits: int = 0) -> None:
+                  sinks: Optional[torch.Tensor] = None, num_splits: int = 0,
+                  sm_margin: int = 0) -> None:
     _pm.batch_decode(q, k_cache, v_cache, page_table, seq_lens,
                      page_size, q_len_per_req, out, bmm1_scale=bmm1_scale,
                      bmm2_scale=bmm2_scale, window_left=window_left,
                      logits_soft_cap=logits_soft_cap, sinks=sinks, num_splits=num_splits,
-                     lse=lse, workspace=workspace, stream=_stream(q))
+                     sm_margin=sm_margin, lse=lse, workspace=workspace, stream=_stream(q))
 
 
 @_checked
@@ -120,17 +121,18 @@ def batch_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  bmm2_scale: float = 1.0, window_left: int = -1, logits_soft_cap: float = 0.0,
                  sinks: Optional[torch.Tensor] = None, num_splits: int = 0,
                  lse: Optional[torch.Tensor] = None,
-                 workspace: Optional[torch.Tensor] = None) -> None:
+                 workspace: Optional[torch.Tensor] = None, sm_margin: int = 0) -> None:
     """Decode / verify attention into out (and lse) (see pagedmha.batch_decode); calls
     ``torch.ops.pagedmha.batch_decode``.
 
     bmm1_scale: None (the default) means q.shape[-1] ** -0.5.
     workspace: uint8, at least pagedmha.decode_workspace_size(q.device, ...) bytes (None on
     the CPU); scratch the kernel writes (hence listed as mutated), shareable by all layers.
+    sm_margin: SMs the Hopper kernel leaves free for a kernel beside it (see pagedmha).
     """
     _batch_decode(q, k_cache, v_cache, page_table, seq_lens, page_size, q_len_per_req, out,
                   lse, workspace, bmm1_scale, bmm2_scale, window_left, logits_soft_cap, sinks,
-                  num_splits)
+                  num_splits, sm_margin)
 
 
 @torch.library.custom_op("pagedmha::batch_prefill", mutates_args=("out", "lse", "workspace"))
@@ -140,12 +142,13 @@ def _batch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    lse: Optional[torch.Tensor], workspace: Optional[torch.Tensor],
                    bmm1_scale: Optional[float] = None, bmm2_scale: float = 1.0,
                    window_left: int = -1, logits_soft_cap: float = 0.0,
-                   sinks: Optional[torch.Tensor] = None, causal: bool = True) -> None:
+                   sinks: Optional[torch.Tensor] = None, causal: bool = True,
+                   sm_margin: int = 0) -> None:
     _pm.batch_prefill(q, k_cache, v_cache, page_table, seq_lens,
                       cu_seqlens_q, page_size, max_q_len, out, bmm1_scale=bmm1_scale,
                       bmm2_scale=bmm2_scale, window_left=window_left,
                       logits_soft_cap=logits_soft_cap, sinks=sinks, causal=causal,
-                      lse=lse, workspace=workspace, stream=_stream(q))
+                      sm_margin=sm_margin, lse=lse, workspace=workspace, stream=_stream(q))
 
 
 def _prefill_workspace(q: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
@@ -161,19 +164,20 @@ def batch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   window_left: int = -1, logits_soft_cap: float = 0.0,
                   sinks: Optional[torch.Tensor] = None, causal: bool = True,
                   lse: Optional[torch.Tensor] = None,
-                  workspace: Optional[torch.Tensor] = None) -> None:
+                  workspace: Optional[torch.Tensor] = None, sm_margin: int = 0) -> None:
     """Prefill / extend attention into out (and lse) (see pagedmha.batch_prefill); calls
     ``torch.ops.pagedmha.batch_prefill``.
 
     bmm1_scale: None (the default) means q.shape[-1] ** -0.5.
     workspace: uint8, at least pagedmha.prefill_workspace_size(q.device, batch, total_q)
     bytes; None on a CUDA device allocates one here (pass your own under CUDA-graph capture
-    or to avoid the allocation)."""
+    or to avoid the allocation).
+    sm_margin: SMs the Hopper kernel leaves free for a kernel beside it (see pagedmha)."""
     if workspace is None and q.is_cuda:
         workspace = _prefill_workspace(q, seq_lens)
     _batch_prefill(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, page_size,
                    max_q_len, out, lse, workspace, bmm1_scale, bmm2_scale, window_left,
-                   logits_soft_cap, sinks, causal)
+                   logits_soft_cap, sinks, causal, sm_margin)
 
 
 
@@ -213,7 +217,7 @@ def batch_decode_with_kvcache(
         seq_lens: torch.Tensor, page_size: int, q_len_per_req: int = 1, *,
         bmm1_scale: Optional[float] = None, bmm2_scale: float = 1.0, window_left: int = -1,
         logits_soft_cap: float = 0.0, sinks: Optional[torch.Tensor] = None, num_splits: int = 0,
-        return_lse: bool = False, workspace: Optional[torch.Tensor] = None,
+        return_lse: bool = False, workspace: Optional[torch.Tensor] = None, sm_margin: int = 0,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Decode / verify attention returning a new ``out``: the functional form of
     :func:`batch_decode`, in the style of ``flash_attn_with_kvcache``.
@@ -241,7 +245,7 @@ def batch_decode_with_kvcache(
             workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=q.device)
         batch_decode(q, k_cache, v_cache, page_table, seq_lens, page_size, q_len_per_req,
                              out, bmm1_scale, bmm2_scale, window_left, logits_soft_cap, sinks,
-                             num_splits, lse, workspace)
+                             num_splits, lse, workspace, sm_margin)
     return _returned(out, lse, return_lse)
 
 
@@ -251,7 +255,7 @@ def batch_prefill_with_kvcache(
         seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, page_size: int, max_q_len: int, *,
         bmm1_scale: Optional[float] = None, bmm2_scale: float = 1.0, window_left: int = -1,
         logits_soft_cap: float = 0.0, sinks: Optional[torch.Tensor] = None, causal: bool = True,
-        return_lse: bool = False, workspace: Optional[torch.Tensor] = None,
+        return_lse: bool = False, workspace: Optional[torch.Tensor] = None, sm_margin: int = 0,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Prefill / extend attention returning a new ``out``: the functional form of
     :func:`batch_prefill`, in the style of ``flash_attn_varlen_func`` over a paged cache.
@@ -273,7 +277,7 @@ def batch_prefill_with_kvcache(
         out, lse = _outputs(q, return_lse)
         batch_prefill(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, page_size,
                               max_q_len, out, bmm1_scale, bmm2_scale, window_left,
-                              logits_soft_cap, sinks, causal, lse, workspace)
+                              logits_soft_cap, sinks, causal, lse, workspace, sm_margin)
     return _returned(out, lse, return_lse)
 
 
@@ -364,14 +368,14 @@ def _(k, v, k_cache, v_cache, out_cache_loc, page_size, k_scale=1.0, v_scale=1.0
 @_batch_decode.register_fake
 def _(q, k_cache, v_cache, page_table, seq_lens, page_size, q_len_per_req, out, lse, workspace,
       bmm1_scale=None, bmm2_scale=1.0, window_left=-1, logits_soft_cap=0.0, sinks=None,
-      num_splits=0):
+      num_splits=0, sm_margin=0):
     _fake_attention("batch_decode", q, out, lse)
 
 
 @_batch_prefill.register_fake
 def _(q, k_cache, v_cache, page_table, seq_lens, cu_seqlens_q, page_size, max_q_len, out, lse,
       workspace, bmm1_scale=None, bmm2_scale=1.0, window_left=-1, logits_soft_cap=0.0,
-      sinks=None, causal=True):
+      sinks=None, causal=True, sm_margin=0):
     _fake_attention("batch_prefill", q, out, lse)
 
 

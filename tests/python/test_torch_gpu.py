@@ -142,6 +142,11 @@ def test_batch_decode_fp8_cache():
     ref, _ = ref_attention(q, kq.float(), vq.float(), pg.page_table, pg.seq_lens, [(0, 1), (1, 1)],
                            page_size, bmm1_scale=d ** -0.5 * k_scale, bmm2_scale=v_scale)
     assert_close(out, ref)
+    # sm_margin reaches the op and only sizes the grid: the same bits with 131 SMs left free.
+    again = pmt.batch_decode_with_kvcache(q, kq, vq, pg.page_table, pg.seq_lens, page_size, 1,
+                                          bmm1_scale=d ** -0.5 * k_scale, bmm2_scale=v_scale,
+                                          workspace=ws, sm_margin=131)
+    assert torch.equal(again, out)
 
 
 @pytest.mark.parametrize("causal,with_lse", [(True, True), (False, True), (True, False)])
@@ -156,7 +161,7 @@ def test_batch_prefill(causal, with_lse):
     # Omitting lse (a mutated optional output) must reach the op (pytorch#176078).
     lse = torch.full(q.shape[:2], math.nan, device=DEV) if with_lse else None
     pmt.batch_prefill(q, pg.k, pg.v, pg.page_table, pg.seq_lens, cu, page_size, max(q_lens), out,
-                      bmm1_scale=d ** -0.5, causal=causal, lse=lse)
+                      bmm1_scale=d ** -0.5, causal=causal, lse=lse, sm_margin=0 if causal else 120)
     rows = [(int(cu[b]), q_lens[b]) for b in range(len(q_lens))]
     ref, ref_lse = ref_attention(q, pg.k, pg.v, pg.page_table, pg.seq_lens, rows, page_size,
                                  bmm1_scale=d ** -0.5, causal=causal)
