@@ -499,13 +499,24 @@ struct Producer {
     after_first_loads();
     for (int x = 0; x < n; ++x) {
       const int ahead = x + kAhead < n ? raw_page(t, pages, elem(x + kAhead)) : 0;  // used after this conversion
+      // D = 256 in place (policy.h kFp8InPlace): its rings are two or three deep, so the
+      // next load goes out before this conversion where its stage is already free
+      // (decided per warp: each warp issues and counts its own boxes).
+      bool loaded = false;
+      if constexpr (D == 256) {
+        if (x + kAhead < n) {
+          const bool free = Barrier::test_wait(kIsV ? sm.v_empty(ld.slot) : sm.k_empty(ld.slot), ld.phase ^ 1, 1);
+          loaded = __shfl_sync(0xffffffffu, free, 0);
+          if (loaded) load(x + kAhead, ahead);
+        }
+      }
       wait(kIsV ? sm.v_raw_full(st.slot) : sm.k_raw_full(st.slot), st.phase);
       char* const stage = kIsV ? sm.v(st.slot) : sm.k(st.slot);
       convert_tile(smem_addr(stage + Pol::kTileBytes / 2), smem_addr(stage), span(t, elem(x).tile));
       fence_async_smem();
       arrive(kIsV ? sm.v_full(st.slot) : sm.k_full(st.slot));
       st.advance();
-      if (x + kAhead < n) load(x + kAhead, ahead);
+      if (x + kAhead < n && !loaded) load(x + kAhead, ahead);
     }
   }
 

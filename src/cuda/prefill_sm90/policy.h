@@ -210,7 +210,8 @@ struct PrefillPolicy {
   // panel's row r, [128, 256) the fourth's). Its one staging slot per team holds the next
   // raw tile back until this one is converted (ncu, H100 s31run3: the tensor pipe 52%
   // against bf16's 76%); in place, a tile loads as soon as the consumers release its
-  // stage, and the 32 KB of slots become a third V stage
+  // stage (before this conversion where it already is free), and the 32 KB of slots
+  // become a third V stage
   // (docs/perf-notes/prefill-sm90-fp8.md section 15). Elsewhere the staging slots below.
   static constexpr bool kFp8InPlace =
       Fp8Kv && ((kProducerWarpgroups == 2 && D == 128 && PAGEDMHA_SM90_FP8_IN_PLACE != 0) ||
