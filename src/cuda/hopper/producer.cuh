@@ -505,8 +505,8 @@ struct Producer {
       bool loaded = false;
       if constexpr (D == 256) {
         if (x + kAhead < n) {
-          const bool free = Barrier::test_wait(kIsV ? sm.v_empty(ld.slot) : sm.k_empty(ld.slot), ld.phase ^ 1, 1);
-          loaded = __shfl_sync(0xffffffffu, free, 0);
+          const bool ready = Barrier::test_wait(kIsV ? sm.v_empty(ld.slot) : sm.k_empty(ld.slot), ld.phase ^ 1, 1);
+          loaded = __shfl_sync(0xffffffffu, ready, 0);
           if (loaded) load(x + kAhead, ahead);
         }
       }
