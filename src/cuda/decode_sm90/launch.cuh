@@ -11,6 +11,7 @@
 
 #include "cuda/common/arch.h"
 #include "cuda/common/attention_args.cuh"
+#include "cuda/common/grid.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/decode_sm90/kernel.cuh"
 #include "cuda/decode_sm90/policy.h"
@@ -55,8 +56,7 @@ bool run_decode_rows(const detail::AttentionProblem& prob, const AttentionArgs& 
   });
   const int max_count = decode_max_split_count(p.a);
   const int64_t max_items = static_cast<int64_t>(p.a.batch) * p.a.num_kv_heads * max_count;
-  const int sms = std::max(1, sm_count - prob.sm_margin);  // AttentionParams::sm_margin
-  const int grid = static_cast<int>(decode_grid_ctas(max_items, int64_t{sms} * per_sm));
+  const int grid = static_cast<int>(decode_grid_ctas(max_items, int64_t{units_left(sm_count, prob.sm_margin)} * per_sm));
   if (grid == 0) return true;  // no request
   decode_sm90_kernel<D, T, KV, kRows><<<grid, Pol::kThreads, Pol::kSmemBytes, stream>>>(p);
   PAGEDMHA_CUDA_CHECK_LAUNCH();

@@ -6,11 +6,10 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cstdint>
 #include <type_traits>
 
 #include "cuda/common/attention_args.cuh"
+#include "cuda/common/grid.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/hopper/paged_kv.cuh"
 #include "cuda/hopper/tensor_map.h"
@@ -27,8 +26,7 @@ int grid_of(int cluster, int device, int num_sms, int sm_margin) {
   int& grid = grids[cluster - 1][device & 63];
   if (grid == 0) grid = persistent_grid<Pol, T, KV, Variant>(cluster, num_sms);
   if (grid == 0) throw Error("batch_prefill: no cluster of " + std::to_string(cluster) + " CTAs fits this device");
-  const int64_t kept = int64_t{grid} - (int64_t{sm_margin} + cluster - 1) / cluster * cluster;
-  return static_cast<int>(std::max<int64_t>(cluster, kept));
+  return units_left(grid / cluster, sm_margin, cluster) * cluster;
 }
 
 /// The plan and the persistent launch of one policy (the K / V load path is decided).
@@ -113,7 +111,7 @@ void run_prefill(const detail::AttentionProblem& prob, const AttentionArgs& a, i
   if constexpr (D == 64 && kFp8 && PAGEDMHA_SM90_FP8_WG3 != 0) {  // 192-row tiles where they pay
     const int pack = gqa_pack(a.group / cluster_size(a.group, /*kv_tma=*/false));  // run_prefill_with's, fp8
     if (fp8_rows192_pays(prob.num_rows, prob.batch, prob.max_q_len, pack, int64_t{a.num_kv_heads} * (a.group / pack),
-                         std::max(1, num_sms - prob.sm_margin)) &&
+                         units_left(num_sms, prob.sm_margin)) &&
         try_prefill_tma<PrefillPolicy<D, true, true, 0, 192>, T, KV>(prob, a, p, num_sms, stream)) {
       return;
     }
