@@ -499,11 +499,10 @@ struct Producer {
     after_first_loads();
     for (int x = 0; x < n; ++x) {
       const int ahead = x + kAhead < n ? raw_page(t, pages, elem(x + kAhead)) : 0;  // used after this conversion
-      // D = 256 in place (policy.h kFp8InPlace): its rings are two or three deep, so the
-      // next load goes out before this conversion where its stage is already free
-      // (decided per warp: each warp issues and counts its own boxes).
+      // The next load before this conversion where its stage is already free (policy.h
+      // kRawEarlyLoad; decided per warp: each warp issues and counts its own boxes).
       bool loaded = false;
-      if constexpr (D == 256) {
+      if constexpr (Pol::kRawEarlyLoad) {
         if (x + kAhead < n) {
           const bool ready = Barrier::test_wait(kIsV ? sm.v_empty(ld.slot) : sm.k_empty(ld.slot), ld.phase ^ 1, 1);
           loaded = __shfl_sync(0xffffffffu, ready, 0);
@@ -560,6 +559,7 @@ struct Producer {
     const int c0 = 4 * (kPieces > 1 ? (phase % kPieces) ^ hi : 0) + (tid & 3);
     // Raw rows of kRow bytes: the whole row, or in place at D = 256 its half in each of
     // two regions of BN rows (policy.h kRawBoxBytes).
+    // (The plain form where a row is one region: ptxas cannot prove c0 * 16 < D.)
     constexpr int kRow = Pol::kRawBoxBytes;
     const uint32_t src0 =
         kRow == D ? src + r0 * D + c0 * 16 : src + (c0 * 16 / kRow) * (BN * kRow) + r0 * kRow + c0 * 16 % kRow;

@@ -219,6 +219,11 @@ struct PrefillPolicy {
   // Bytes of a raw row in one TMA box and in one stage region: the row (dense rows of D
   // bytes), or in place at D = 256 half of it, one panel row.
   static constexpr int kRawBoxBytes = kFp8InPlace && D == 256 ? 128 : D;
+  // In place, each team issues its next raw load before converting where that load's
+  // stage is already free (producer.cuh convert_in_place); else after. Only with the
+  // D = 256 knob: a two-deep K ring would otherwise load K_{x+1} only after converting
+  // K_x, as its staging slot did. D = 128's measured kernels keep the plain order.
+  static constexpr bool kRawEarlyLoad = kFp8InPlace && D == 256;
   // fp8 caches land raw (BN x D bytes) in staging slots the producer warpgroup(s) convert
   // from into the 16-bit stages: 4 (3 tiles in flight while one converts: a tile's load
   // latency is ~3 conversions; two each with two producer warpgroups) where shared memory
