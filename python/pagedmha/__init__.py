@@ -35,7 +35,6 @@ from ._pagedmha import (
     DType,
     Error,
     ForwardMode,
-    MhaBackend,
     TypedArray,
     built_with_cuda,
     cuda_available,
@@ -188,6 +187,12 @@ def _checked_method(cls, name, wrap=None, op=None):
     setattr(cls, name, _arguments.checked(op or name, raw, func, method=True))
 
 
+class MhaBackend(_pagedmha.MhaBackend):
+    # A Python subclass, as ForwardBatch and LayerSpec below: nanobind constructs its own
+    # types without looking at a replaced __init__. create_backend returns one too.
+    __doc__ = _pagedmha.MhaBackend.__doc__
+
+
 for _name in (
     "init_forward_metadata",
     "init_cuda_graph_state",
@@ -239,11 +244,22 @@ _checked_method(MhaBackend, "select_out_cache_loc", _select_method)
 
 
 def _config(config: dict, op: str) -> dict:
-    """Backend config with dtype names resolved (errors name `op`)."""
+    """Backend config with dtype names resolved (errors name `op`) and, for a CUDA device
+    given no stream, the device's current stream."""
     for key in ("kv_cache_dtype", "out_dtype"):
         if key in config:
             config[key] = _arguments.dtype(config[key], op, key)
+    if config.get("stream") is None:
+        config["stream"] = _device_stream(str(config.get("device", "cpu")))
     return config
+
+
+def _config_init(init):
+    @_functools.wraps(init)
+    def call(self, *args, **config):
+        init(self, *args, **_config(config, "MhaBackend"))
+
+    return call
 
 
 def _exporting_init(init):
@@ -269,6 +285,7 @@ class LayerSpec(_pagedmha.LayerSpec):
     __doc__ = _pagedmha.LayerSpec.__doc__
 
 
+_checked_method(MhaBackend, "__init__", _config_init, op="MhaBackend")
 _checked_method(ForwardBatch, "__init__", _exporting_init, op="ForwardBatch")
 _checked_method(LayerSpec, "__init__", _exporting_init, op="LayerSpec")
 
@@ -296,9 +313,7 @@ def _create(name, *args, **config):
         raise Error(f"create_backend: config: expected keyword arguments after the name "
                     f"(page_size=..., context_len=..., ...), got {len(args)} positional value(s)")
     config = _config(config, "create_backend")
-    if config.get("stream") is None:
-        config["stream"] = _device_stream(str(config.get("device", "cpu")))
-    return _pagedmha.create_backend(name, **config)
+    return _pagedmha._adopt(MhaBackend, _pagedmha.create_backend(name, **config))
 
 
 _create_backend = _arguments.checked("create_backend", _pagedmha.create_backend, _create)

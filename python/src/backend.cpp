@@ -432,6 +432,22 @@ void bind_backend(nb::module_& m) {
       arg("name"), nb::kw_only(), PAGEDMHA_CONFIG_ARGS,
       create_doc.c_str());
   m.def("registered_backends", &registered_backends, "Registered backend names, sorted.");
+  // pagedmha.MhaBackend is a Python subclass (its constructor reports wrong argument types as
+  // pagedmha.Error; nanobind never calls a replaced __init__ of its own types). create_backend
+  // builds the extension's class, so this moves the backend into an instance of the subclass.
+  m.def(
+      "_adopt",
+      [](nb::type_object cls, PyBackend& backend) {
+        if (!PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(cls.ptr()),
+                              reinterpret_cast<PyTypeObject*>(nb::type<PyBackend>().ptr()))) {
+          throw Error("_adopt: cls: expected a subclass of MhaBackend");
+        }
+        nb::object obj = nb::inst_alloc(cls);
+        new (nb::inst_ptr<PyBackend>(obj)) PyBackend(std::move(backend));
+        nb::inst_mark_ready(obj);
+        return obj;
+      },
+      arg("cls"), arg("backend"));
 }
 
 }  // namespace pagedmha::python

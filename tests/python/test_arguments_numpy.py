@@ -227,6 +227,23 @@ def test_bools_are_not_numbers_in_backend_calls():
         b.init_cuda_graph_state(True, np.ones(2, np.int32))
     # Where the signature says bool, a bool is still taken.
     pm.create_backend("trtllm", page_size=P, context_len=64, is_draft=False)
+
+
+def test_backend_constructed_directly_is_checked_as_create_backend():
+    """pagedmha.MhaBackend(...) (not through create_backend) refuses wrong types and bools
+    with the same errors, takes dtypes by name, and both give the same class."""
+    with pytest.raises(pm.Error, match=r"^MhaBackend: page_size: expected an int, got bool True$"):
+        pm.MhaBackend(page_size=True, context_len=64)
+    with pytest.raises(pm.Error, match=r"^MhaBackend: context_len: expected an int, got str '64'$"):
+        pm.MhaBackend(page_size=P, context_len="64")
+    with pytest.raises(pm.Error, match=r"^MhaBackend: page_size: required argument missing$"):
+        pm.MhaBackend(context_len=64)
+    b = pm.MhaBackend(page_size=P, context_len=64, kv_cache_dtype="fp8_e4m3")
+    assert type(b) is pm.MhaBackend and b.max_num_pages == 64 // P
+    made = pm.create_backend("trtllm", page_size=P, context_len=64)
+    assert type(made) is pm.MhaBackend and made.page_size == P
+    with pytest.raises(pm.Error, match=r"^_adopt: cls: expected a subclass of MhaBackend$"):
+        pm._pagedmha._adopt(int, made)
     assert pm.visible_pairs(4, 4, -1, True) == 10  # causal 4 x 4: 1 + 2 + 3 + 4
 
 
