@@ -49,6 +49,7 @@ struct Shape {
   int hq, hkv, d, batch, ctx, page;
   int window = -1;
   bool fp8 = false;  // e4m3 K / V
+  int q_len = 1;     // query rows per request (verify)
 };
 
 struct Timing {
@@ -61,7 +62,7 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
   using T = __nv_bfloat16;
   using KV = std::conditional_t<kFp8, __nv_fp8_e4m3, T>;
   constexpr int64_t kv_es = sizeof(KV);
-  const int B = s.batch, L = s.ctx, P = s.page;
+  const int B = s.batch, L = s.ctx, P = s.page, N = s.q_len;
   const int cols = (L + P - 1) / P;
   // Page-table width: the columns the lengths need, or (PAGEDMHA_BENCH_TABLE_KEYS) a
   // table as wide as an engine's CUDA-graph tables (the unused columns hold page 0).
@@ -71,17 +72,17 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
   const int first_col = s.window >= 0 ? std::max(0, L - 1 - s.window) / P : 0;
   const int64_t live = int64_t{B} * (cols - first_col);
   const int64_t visible = s.window >= 0 ? std::min<int64_t>(L, s.window + 1) : L;
-  const double read = double(B) * s.hkv * visible * D * 2 * kv_es + 2.0 * B * s.hq * D * 2;
+  const double read = double(B) * s.hkv * visible * D * 2 * kv_es + 2.0 * B * N * s.hq * D * 2;
   const int copies = static_cast<int>(std::clamp(std::ceil(3 * 60e6 / read), 1.0, 8.0));
   const int64_t num_pages = copies * live + 1;
   const int64_t slots = num_pages * P;
   T *q, *o;
   KV *k, *v;
-  CHECK(cudaMalloc(&q, int64_t{B} * s.hq * D * 2));
-  CHECK(cudaMalloc(&o, int64_t{B} * s.hq * D * 2));
+  CHECK(cudaMalloc(&q, int64_t{B} * N * s.hq * D * 2));
+  CHECK(cudaMalloc(&o, int64_t{B} * N * s.hq * D * 2));
   CHECK(cudaMalloc(&k, slots * s.hkv * D * kv_es));
   CHECK(cudaMalloc(&v, slots * s.hkv * D * kv_es));
-  fill_random<T><<<1024, 256, 0, stream>>>(q, int64_t{B} * s.hq * D, 1, 2.0f);
+  fill_random<T><<<1024, 256, 0, stream>>>(q, int64_t{B} * N * s.hq * D, 1, 2.0f);
   fill_random<KV><<<1024, 256, 0, stream>>>(k, slots * s.hkv * D, 2, 2.0f);
   fill_random<KV><<<1024, 256, 0, stream>>>(v, slots * s.hkv * D, 3, 2.0f);
   std::vector<int32_t> ids(copies * live);
@@ -103,7 +104,7 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
   CHECK(cudaMalloc(&sinks, s.hq * 4));
   CHECK(cudaMemcpy(sinks, sinks_h.data(), s.hq * 4, cudaMemcpyHostToDevice));
   const int cap = DecodeSplitPolicy::make(D, 2, s.hkv).max_splits;
-  const std::size_t ws_bytes = DecodeWorkspaceLayout::kAlign + DecodeWorkspaceLayout(B, s.hq, D, cap).total;
+  const std::size_t ws_bytes = DecodeWorkspaceLayout::kAlign + DecodeWorkspaceLayout(int64_t{B} * N, s.hq, D, cap).total;
   void* ws;
   CHECK(cudaMalloc(&ws, ws_bytes));
 
@@ -113,9 +114,9 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
   p.page_table_cols = tcols;
   p.seq_lens = d_lens;
   p.batch = B;
-  p.num_rows = B;
-  p.q_len_per_req = 1;
-  p.max_q_len = 1;
+  p.num_rows = B * N;
+  p.q_len_per_req = N;
+  p.max_q_len = N;
   p.window_left = s.window;
   p.sinks = std::string(s.model) == "gpt-oss" ? sinks : nullptr;
   p.workspace = ws;
@@ -133,7 +134,7 @@ Timing run_shape(const Shape& s, int sms, cudaStream_t stream) {
   };
   // A sanity check, not a test (the GPU suite tests every path against the fp64 oracle):
   // this build's path against the portable decode on the first page table.
-  const int64_t o_elems = int64_t{B} * s.hq * D;
+  const int64_t o_elems = int64_t{B} * N * s.hq * D;
   std::vector<T> o_var(o_elems), o_ref(o_elems);
   launch(0);
   CHECK(cudaMemcpyAsync(o_var.data(), o, o_elems * 2, cudaMemcpyDeviceToHost, stream));
@@ -182,6 +183,9 @@ const Shape kShapes[] = {
     {"gpt-oss", 64, 8, 64, 128, 32768, 16, -1, true}, {"gpt-oss", 64, 8, 64, 1, 32768, 16, -1, true},
     {"llama3-70b-tp8", 8, 1, 128, 64, 8192, 16, -1, true}, {"gpt-oss", 64, 8, 64, 256, 2048, 16},
     {"gpt-oss", 64, 8, 64, 16, 8192, 16},
+    // Verify at q_len 4 (G q_len rows: gpt-oss 32, the 32-row tile; llama3-8b 16).
+    {"gpt-oss", 64, 8, 64, 64, 4096, 16, -1, false, 4}, {"gpt-oss", 64, 8, 64, 64, 4096, 16, -1, true, 4},
+    {"llama3-8b", 32, 8, 128, 64, 4096, 16, -1, false, 4},
 };
 
 }  // namespace
@@ -191,14 +195,14 @@ int main(int argc, char** argv) {
     const Timing t = s.d == 128 ? (s.fp8 ? run_shape<128, true>(s, sms, stream) : run_shape<128, false>(s, sms, stream))
                                 : (s.fp8 ? run_shape<64, true>(s, sms, stream) : run_shape<64, false>(s, sms, stream));
     const double tbps = t.bytes / (t.us * 1e-6) / 1e12;
-    std::printf("%-16s %-15s %3dx%-6d p%-3d %-4s w%-4d %10.1f us %6.2f TB/s  diff %.1e\n", argv[1], s.model, s.batch,
-                s.ctx, s.page, s.fp8 ? "fp8" : "bf16", s.window, t.us, tbps, t.diff);
+    std::printf("%-16s %-15s %3dx%-6d q%d p%-3d %-4s w%-4d %10.1f us %6.2f TB/s  diff %.1e\n", argv[1], s.model,
+                s.batch, s.ctx, s.q_len, s.page, s.fp8 ? "fp8" : "bf16", s.window, t.us, tbps, t.diff);
     if (out) {
       std::fprintf(out,
                    "{\"op\": \"decode\", \"impl\": \"pagedmha-variant\", \"variant\": \"%s\", \"model\": \"%s\", "
-                   "\"batch\": %d, \"ctx\": %d, \"q_len\": 1, \"page_size\": %d, \"kv_dtype\": \"%s\", "
+                   "\"batch\": %d, \"ctx\": %d, \"q_len\": %d, \"page_size\": %d, \"kv_dtype\": \"%s\", "
                    "\"window_left\": %d, \"time_us\": %.2f, \"tbps\": %.3f, \"max_rel_diff_vs_portable\": %.3g}\n",
-                   argv[1], s.model, s.batch, s.ctx, s.page, s.fp8 ? "fp8_e4m3" : "bf16", s.window, t.us, tbps,
+                   argv[1], s.model, s.batch, s.ctx, s.q_len, s.page, s.fp8 ? "fp8_e4m3" : "bf16", s.window, t.us, tbps,
                    std::isfinite(t.diff) ? t.diff : 1e30);
     }
   });

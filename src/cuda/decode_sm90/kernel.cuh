@@ -1,6 +1,7 @@
 // The Hopper decode kernel (sm_90a): split-KV decode and speculative verify with the G x
-// q_len query rows of a KV head packed into one mma.sync tile (row_tile.cuh: 16 rows as
-// the mma's M, or up to 8 as its N, operand-swapped), K / V streamed by TMA. Structure
+// q_len query rows of a KV head packed into one mma.sync row tile (row_tile.cuh: 16 or,
+// at D = 64, 32 rows as the mma's M, or up to 8 as its N, operand-swapped), K / V
+// streamed by TMA. Structure
 // (policy.h):
 //   * persistent grid, kCtasPerSm CTAs per SM, walking the work items (request, split,
 //     KV head: policy.h kHeadsFastest) blockIdx.x, + gridDim.x, ...; the split of each
@@ -121,7 +122,7 @@ struct WarpItem {
   int lo, hi;            // keys any valid row sees (loaded)
   int full_lo, full_hi;  // keys every valid row sees (tiles inside skip the mask)
   int t0, t1;            // the item's tiles [t0, t1)
-  int row_lo, row_hi;    // lane r < 16: row r's keys (0, 0 for padding rows)
+  int row_lo, row_hi;    // lane r < max(kRows, 16): row r's keys (0, 0 for padding rows)
 };
 
 template <class Pol>
@@ -131,13 +132,14 @@ __device__ __forceinline__ WarpItem warp_item(const AttentionArgs& a, int b, int
   it.b = b;
   it.count = count;
   it.L = L;
-  // One row chunk (G * q_len <= 16).
+  // One row chunk (G * q_len <= kRows).
   it.split = Pol::kHeadsFastest ? local / a.num_kv_heads : local % count;
   it.kv_head = Pol::kHeadsFastest ? local % a.num_kv_heads : local / count;
   const int lane = threadIdx.x & 31;
+  constexpr int kLaneRows = Pol::kRows > 16 ? 32 : 16;
   const DecodeRows rows{a, b, it.kv_head, 0, L};
-  const RowDesc d = rows(lane & 15);
-  const bool valid = lane < 16 && d.valid;
+  const RowDesc d = rows(lane & (kLaneRows - 1));
+  const bool valid = lane < kLaneRows && d.valid;
   it.row_lo = valid ? d.lo : 0;
   it.row_hi = valid ? d.hi : 0;
   const bool sees = valid && d.lo < d.hi;
@@ -163,8 +165,9 @@ template <class Pol, class T>
 struct DecodeWarp {
   static constexpr int D = Pol::kHeadDim, KW = Pol::KW, S = Pol::kStages, W = Pol::kWarps, R = Pol::kRows;
   static constexpr int TK = Pol::kTileKeys;  // rows of a stage
-  using Tile = std::conditional_t<Pol::kRows == 8, RowTileN<Pol, T>, RowTileM<Pol, T>>;
-  static constexpr int NS = Tile::NS, NA = Tile::NA;
+  using Tile = std::conditional_t<Pol::kRows == 8, RowTileN<Pol, T>, RowTileM<Pol, T, Pol::kRows / 16>>;
+  static constexpr int MT = Tile::MT, NS = Tile::NS, NA = Tile::NA;
+  using Softmax = OnlineSoftmax<typename Tile::Frag>;
   const DecodeSm90Params& p;
   const DecodeSmem<Pol> sm;
   int warp, lane;
@@ -181,7 +184,7 @@ struct DecodeWarp {
     constexpr int NQ = Tile::NQ;
     int item = blockIdx.x, b, local, cnt, L;
     WarpItem next{};
-    uint32_t q_next[D / 16][NQ];
+    uint32_t q_next[MT][D / 16][NQ];
     bool more = scan.locate(a, item, b, local, cnt, L);
     if (Pol::kQPrefetch && more) {
       next = warp_item<Pol>(a, b, local, cnt, L);
@@ -190,12 +193,15 @@ struct DecodeWarp {
     while (more) {
       const WarpItem it = Pol::kQPrefetch ? next : warp_item<Pol>(a, b, local, cnt, L);
       const DecodeRows rows{a, it.b, it.kv_head, 0, it.L};
-      uint32_t q[D / 16][NQ];
+      uint32_t q[MT][D / 16][NQ];
       if constexpr (Pol::kQPrefetch) {
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-          for (int e = 0; e < NQ; ++e) q[kk][e] = q_next[kk][e];
+          for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+            for (int e = 0; e < NQ; ++e) q[mt][kk][e] = q_next[mt][kk][e];
+          }
         }
       } else if (it.t0 < it.t1) {
         Tile::load_q(a, rows, lane, q);
@@ -206,18 +212,26 @@ struct DecodeWarp {
         next = warp_item<Pol>(a, b, local, cnt, L);
         Tile::load_q(a, DecodeRows{a, next.b, next.kv_head, 0, next.L}, lane, q_next);
       }
-      float acc[NA][4];
-      Tile::zero(acc);
-      OnlineSoftmax<typename Tile::Frag> smx;
-      smx.init();
+      float acc[MT][NA][4];
+      Softmax smx[MT];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Tile::zero(acc[mt]);
+        smx[mt].init();
+      }
       if (it.t0 < it.t1) {
         Tile::to_qk(q);
-        int lo[2], hi[2];
+        // The thread's rows' visible keys: for the mask, read once per item where the
+        // registers allow (one row tile), else in each masked tile (the 32-row tiles).
+        int lo[MT][2], hi[MT][2];
+        const auto row_keys = [&](int mt) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          lo[h] = __shfl_sync(0xffffffffu, it.row_lo, Tile::row(h, lane));
-          hi[h] = __shfl_sync(0xffffffffu, it.row_hi, Tile::row(h, lane));
-        }
+          for (int h = 0; h < 2; ++h) {
+            lo[mt][h] = __shfl_sync(0xffffffffu, it.row_lo, Tile::row(mt, h, lane));
+            hi[mt][h] = __shfl_sync(0xffffffffu, it.row_hi, Tile::row(mt, h, lane));
+          }
+        };
+        if constexpr (MT == 1) row_keys(0);
         for (int tile = it.t0; tile < it.t1; ++tile) {
           wait(sm.full(st.slot), st.phase);
           const int key0 = tile * TK + row0;
@@ -226,15 +240,19 @@ struct DecodeWarp {
           // probability: zero them, as the portable loader zero-fills (K's are masked).
           const bool edge = key0 < it.lo || key0 + KW > it.hi;
           if (edge) zero_rows_outside(sm.v(st.slot), min(max(it.lo - key0, 0), KW), min(max(it.hi - key0, 0), KW));
-          float s[NS][4];
+          float s[MT][NS][4];
           Tile::qk(q, smem_addr(sm.k(st.slot)), warp, lane, s);
-          var.template transform<false>(s);
-          if (!(key0 >= it.full_lo && key0 + KW <= it.full_hi)) {
-            mask_keys<typename Tile::Frag>(s, key0, lane, lo, hi);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            var.template transform<false>(s[mt]);
+            if (!(key0 >= it.full_lo && key0 + KW <= it.full_hi)) {
+              if constexpr (MT > 1) row_keys(mt);
+              mask_keys<typename Tile::Frag>(s[mt], key0, lane, lo[mt], hi[mt]);
+            }
+            // ftz: split results are compared within an ulp, not bitwise, across split
+            // counts, and a request's splits never depend on the batch (decode/policy.h).
+            smx[mt].template update<NS, NA, true>(s[mt], acc[mt]);
           }
-          // ftz: split results are compared within an ulp, not bitwise, across split
-          // counts, and a request's splits never depend on the batch (decode/policy.h).
-          smx.template update<NS, NA, true>(s, acc);
           Tile::pv(s, smem_addr(sm.v(st.slot)), warp, lane, acc);
           if (edge) fence_async_smem();  // the zeroing (generic proxy) before the producer's next TMA write
           __syncwarp();                  // every lane's reads of the stage are done before it is released
@@ -242,7 +260,8 @@ struct DecodeWarp {
           st.advance();
         }
       }
-      smx.finish();
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) smx[mt].finish();
       if (it.count == 1) {
         epilogue(smx, acc, DirectOut<T, DecodeRows>{a, rows});
       } else {
@@ -269,14 +288,16 @@ struct DecodeWarp {
   /// rescaled to the row maximum; warps 0 and 1 write the two buffers, each further pair
   /// adds to them in turn, and o = (buffer 0 + buffer 1) * the row's scale from `out`.
   template <class Out>
-  __device__ void epilogue(const OnlineSoftmax<typename Tile::Frag>& smx, const float (&acc)[NA][4],
-                           const Out& out) const {
+  __device__ void epilogue(const Softmax (&smx)[MT], const float (&acc)[MT][NA][4], const Out& out) const {
     const int tid = threadIdx.x;
     if (Tile::holds_stats(lane)) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sm.stat_m()[warp * R + Tile::row(h, lane)] = smx.m[h];
-        sm.stat_l()[warp * R + Tile::row(h, lane)] = smx.l[h];
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          sm.stat_m()[warp * R + Tile::row(mt, h, lane)] = smx[mt].m[h];
+          sm.stat_l()[warp * R + Tile::row(mt, h, lane)] = smx[mt].l[h];
+        }
       }
     }
     consumers_sync();
@@ -285,13 +306,16 @@ struct DecodeWarp {
       merge_warp_rows<W>(sm.stat_m(), sm.stat_l(), R, tid, m_all, l_all);
       sm.row_scale()[tid] = out.finish_row(tid, m_all, l_all);
     }
-    float f[2];
+    float f[MT][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float m_all = -INFINITY;
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, sm.stat_m()[w * R + Tile::row(h, lane)]);
-      f[h] = m_all == -INFINITY ? 0.0f : fast_exp2(smx.m[h] - m_all);
+      for (int h = 0; h < 2; ++h) {
+        float m_all = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, sm.stat_m()[w * R + Tile::row(mt, h, lane)]);
+        f[mt][h] = m_all == -INFINITY ? 0.0f : fast_exp2(smx[mt].m[h] - m_all);
+      }
     }
     float* buf = sm.buf(warp & 1);
     if (warp < 2) Tile::template to_buffer<false>(buf, acc, f, lane);

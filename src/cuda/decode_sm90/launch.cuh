@@ -68,10 +68,16 @@ bool run_decode_rows(const detail::AttentionProblem& prob, const AttentionArgs& 
 /// policy.h decode_sm90_row_tile; false, with nothing launched, when it does not.
 template <int D, class T, class KV>
 bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& args, int sm_count, cudaStream_t stream) {
-  if (!decode_sm90_rows_ok(args.group, args.q_len_per_req, args.q_fp8)) return false;
-  return decode_sm90_row_tile(args.group, args.q_len_per_req) == 8
-             ? run_decode_rows<D, T, KV, 8>(prob, args, sm_count, stream)
-             : run_decode_rows<D, T, KV, 16>(prob, args, sm_count, stream);
+  if (!decode_sm90_rows_ok(D, args.group, args.q_len_per_req, args.q_fp8)) return false;
+  switch (decode_sm90_row_tile(args.group, args.q_len_per_req)) {
+    case 8:
+      return run_decode_rows<D, T, KV, 8>(prob, args, sm_count, stream);
+    case 16:
+      return run_decode_rows<D, T, KV, 16>(prob, args, sm_count, stream);
+    default:
+      if constexpr (D == 64) return run_decode_rows<D, T, KV, 32>(prob, args, sm_count, stream);
+      return false;
+  }
 }
 
 }  // namespace sm90

@@ -75,6 +75,15 @@
 #ifndef PAGEDMHA_DECODE_SM90_KW8
 #define PAGEDMHA_DECODE_SM90_KW8 0
 #endif
+// PAGEDMHA_DECODE_SM90_ROWS32=0 leaves calls of 17-32 rows at D = 64 (gpt-oss verify at
+// q_len 3 or 4) to the portable decode; PAGEDMHA_DECODE_SM90_KW32=k: keys per warp tile
+// of those 32-row kernels (0: the default below).
+#ifndef PAGEDMHA_DECODE_SM90_ROWS32
+#define PAGEDMHA_DECODE_SM90_ROWS32 1
+#endif
+#ifndef PAGEDMHA_DECODE_SM90_KW32
+#define PAGEDMHA_DECODE_SM90_KW32 0
+#endif
 
 namespace pagedmha::cuda::sm90 {
 
@@ -135,6 +144,10 @@ struct DecodePolicy {
                                                                                                     : 32;
   static constexpr int kCtas8 = PAGEDMHA_DECODE_SM90_CTAS8 > 0 ? PAGEDMHA_DECODE_SM90_CTAS8 : kCtas0;
   static constexpr int kKw8 = PAGEDMHA_DECODE_SM90_KW8 > 0 ? PAGEDMHA_DECODE_SM90_KW8 : kKw0;
+  // 32 rows (two m16 tiles: twice the S, O and Q registers of 16): 16 keys per warp tile
+  // (16-bit: five 16 KB stages instead of two 32 KB ones; S in 16 registers, so the
+  // consumers fit two CTAs' 168).
+  static constexpr int kKw32 = PAGEDMHA_DECODE_SM90_KW32 > 0 ? PAGEDMHA_DECODE_SM90_KW32 : 16;
   static constexpr bool kKnobs8 =
       kRowTile == 8 && decode_sm90_stages_fit(D, kRowBytes, 8, kCtas8, PAGEDMHA_DECODE_SM90_WARPS, kKw8) >= 2;
   // Four consumer warps per CTA, with two CTAs: two warps per SMSP, as eight warps in one
@@ -159,7 +172,9 @@ struct DecodePolicy {
   // The G * q_len query rows of a KV head in one mma.sync m16n8k16 tile (row_tile.cuh):
   // decode rows are few (G = 4..8), so wgmma's 64-row minimum would waste 3/4 or more of
   // it. 16 rows as the mma's M (S = Q K^T), or up to 8 as its N (S^T = K Q^T: the keys
-  // fill M, and at G = 8 nothing is padding where the 16-row tile is half padding).
+  // fill M, and at G = 8 nothing is padding where the 16-row tile is half padding); 32
+  // rows (G = 8 at q_len 4: gpt-oss verify) as two m16 tiles that share every K and V
+  // fragment read, at D = 64 only (D = 128's O would take 128 registers).
   static constexpr int kRows = kRowTile;
   // Keys per warp tile: 32 (16-row S in 16 registers: half the per-tile costs of 16 keys, the
   // barrier wait, row maxima and rescale test); 16 for 256-byte rows (16-bit D = 128)
@@ -168,7 +183,7 @@ struct DecodePolicy {
   // fp8 D = 64 with the 8-row tile: 64 (32 KB stages, three; 8-row S in 16 registers):
   // gpt-oss fp8 -10 to -13% at 64 x 4k and 128 x 32k, -3% at 1 x 32k against 32 keys
   // (H200 s18run2).
-  static constexpr int KW = kKnobs8 ? kKw8 : kKw0;
+  static constexpr int KW = kRowTile == 32 ? kKw32 : kKnobs8 ? kKw8 : kKw0;
   // TMA boxes of a row: 64-column panels of 128 bytes (16-bit), or the whole fp8 row
   // (128-byte swizzle at D = 128, 64-byte swizzle at D = 64: paged_kv.cuh kv_tensor_maps).
   static constexpr int kPanels = kFp8 ? 1 : D / 64;
@@ -205,7 +220,7 @@ struct DecodePolicy {
       1024 /* alignment */ + kStages * kStageBytes + kEpiBytes + kStatBytes + kBarrierBytes;
 
   static_assert(D == 64 || D == 128, "head dims of the Hopper decode (D = 256 stays portable)");
-  static_assert(kRows == 8 || kRows == 16, "row tiles (row_tile.cuh)");
+  static_assert(kRows == 8 || kRows == 16 || (kRows == 32 && D == 64), "row tiles (row_tile.cuh)");
   static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
   static_assert(kWarps % 2 == 0 && kWarps <= 8, "warp pairs in the epilogue");
   static_assert(kStages >= 2 && kStages <= kMaxStages, "stages");
@@ -224,16 +239,19 @@ struct DecodePolicy {
 constexpr bool kDecodeSm90 = PAGEDMHA_DECODE_SM90 != 0;
 constexpr bool kDecodeSm90Fp8 = PAGEDMHA_DECODE_SM90_FP8 != 0;
 
-/// The row tile of a call (DecodePolicy's kRowTile): 8 for up to 8 rows, else 16.
+/// The row tile of a call (DecodePolicy's kRowTile): 8 for up to 8 rows, 16 for up to
+/// 16, else 32.
 inline int decode_sm90_row_tile(int group, int q_len_per_req) {
-  return PAGEDMHA_DECODE_SM90_SWAP != 0 && group * q_len_per_req <= 8 ? 8 : 16;
+  const int rows = group * q_len_per_req;
+  return PAGEDMHA_DECODE_SM90_SWAP != 0 && rows <= 8 ? 8 : rows <= 16 ? 16 : 32;
 }
 
-/// Whether a decode call fits here: G * q_len_per_req rows in one row tile (<= 16), 16-bit queries
-/// (fp8 queries stay on the portable kernel). The K / V layout test (TMA boxes
-/// per page) is paged_kv.cuh's kv_tma_ok.
-inline bool decode_sm90_rows_ok(int group, int q_len_per_req, bool q_fp8) {
-  return !q_fp8 && group * q_len_per_req <= 16;
+/// Whether a decode call fits here: G * q_len_per_req rows in one row tile (<= 16, or
+/// <= 32 at D = 64), 16-bit queries (fp8 queries stay on the portable kernel). The K / V
+/// layout test (TMA boxes per page) is paged_kv.cuh's kv_tma_ok.
+inline bool decode_sm90_rows_ok(int head_dim, int group, int q_len_per_req, bool q_fp8) {
+  const int rows = group * q_len_per_req;
+  return !q_fp8 && (rows <= 16 || (PAGEDMHA_DECODE_SM90_ROWS32 != 0 && head_dim == 64 && rows <= 32));
 }
 
 }  // namespace pagedmha::cuda::sm90

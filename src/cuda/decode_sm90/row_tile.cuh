@@ -1,15 +1,16 @@
 // The query rows of a Hopper decode work item in a consumer warp's mma.sync tiles (policy.h
 // kRows), two layouts with one interface for DecodeWarp (kernel.cuh):
-//   RowTileM<Pol, T>: 16 rows as the M of m16n8k16, S = Q K^T and O += P V (G q_len up
-//     to 16; at G = 4 or 8 the tile is 3/4 or 1/2 padding rows);
+//   RowTileM<Pol, T, MT>: 16 MT rows as the M of MT m16n8k16 tiles, S = Q K^T and
+//     O += P V, each K / V fragment read once for all MT (G q_len up to 16, or 32 with
+//     MT = 2; at G = 4 or 8 and one tile it is 3/4 or 1/2 padding rows);
 //   RowTileN<Pol, T>: 8 rows as its N (operand swap), S^T = K Q^T and O^T += V^T P^T with
 //     the keys, then the dims, as M: no padding at G q_len = 8, half the mma, exponentials
 //     and accumulators of RowTileM. P^T's B fragments come from S^T's accumulators by an
 //     8x8 register transpose (movmatrix) per 8 keys.
-// Each gives: Frag (the softmax layout, online_softmax.cuh), the fragment counts NS (S),
-// NA (O) and NQ (Q registers per k16 step), the thread's rows row(h), the lanes that hold
-// a row's statistics, and load_q / qk / pv / to_buffer (the mask: online_softmax.cuh's
-// mask_keys<Frag>). fp8 caches stay raw in the ring and are converted in registers
+// Each gives: Frag (the softmax layout, online_softmax.cuh), the row tiles MT (one
+// softmax state each), the fragment counts NS (S), NA (O) and NQ (Q registers per k16
+// step) per tile, the thread's rows row(mt, h), the lanes that hold a row's statistics,
+// and load_q / qk / pv / to_buffer (the mask: online_softmax.cuh's mask_keys<Frag>). fp8 caches stay raw in the ring and are converted in registers
 // (common/fp8_fragments.cuh), S in QkT (policy.h kQkF16), P and V in fp16.
 #pragma once
 
@@ -74,56 +75,65 @@ struct RowTileBase {
 
   /// Q registers as the mma's operand: a bf16 query rounded to fp16 where S is computed in
   /// fp16 (separate from the loads, which may be issued an item ahead).
-  template <int NQ>
-  __device__ static void to_qk(uint32_t (&q)[D / 16][NQ]) {
+  template <int MT, int NQ>
+  __device__ static void to_qk(uint32_t (&q)[MT][D / 16][NQ]) {
     if constexpr (!std::is_same<QkT, T>::value) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+      for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int e = 0; e < NQ; ++e) q[kk][e] = bf16x2_to_half_sat(q[kk][e]);
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+          for (int e = 0; e < NQ; ++e) q[mt][kk][e] = bf16x2_to_half_sat(q[mt][kk][e]);
+        }
       }
     }
   }
 };
 
-template <class Pol, class T>
+template <class Pol, class T, int kTiles = 1>
 struct RowTileM : RowTileBase<Pol, T> {
   using B = RowTileBase<Pol, T>;
   using typename B::QkT;
   using typename B::QRow;
   using Frag = RowsInM;
   static constexpr int D = B::D, KW = B::KW, TK = B::TK;
-  static constexpr int kRows = 16, NS = KW / 8, NA = D / 8, NQ = 4;
-  // The fp8 fragments' view of the warp's tile (D, KW, QkT): one m16 row tile.
+  static constexpr int MT = kTiles, kRows = 16 * MT, NS = KW / 8, NA = D / 8, NQ = 4;
+  // The fp8 fragments' view of the warp's tile (D, KW, QkT): MT m16 row tiles.
   struct Fp8Tile : B {
-    static constexpr int MT = 1;
+    static constexpr int MT = kTiles;
   };
 
-  __device__ static int row(int h, int lane) { return (lane >> 2) + 8 * h; }
+  __device__ static int row(int mt, int h, int lane) { return (lane >> 2) + 8 * h + 16 * mt; }
   __device__ static bool holds_stats(int lane) { return (lane & 3) == 0; }
 
-  /// Q of rows g and g + 8 as A fragments (in T: to_qk before the mma).
-  __device__ static void load_q(const AttentionArgs& a, const DecodeRows& rows, int lane, uint32_t (&q)[D / 16][NQ]) {
+  /// Q of rows 16 mt + g and + 8 as A fragments (in T: to_qk before the mma).
+  __device__ static void load_q(const AttentionArgs& a, const DecodeRows& rows, int lane,
+                                uint32_t (&q)[MT][D / 16][NQ]) {
     const int g = lane >> 2, t4 = lane & 3;
-    const QRow r0(a, rows(g)), r1(a, rows(g + 8));
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      q[kk][0] = r0(kk, 0, t4);
-      q[kk][1] = r1(kk, 0, t4);
-      q[kk][2] = r0(kk, 1, t4);
-      q[kk][3] = r1(kk, 1, t4);
+    for (int mt = 0; mt < MT; ++mt) {
+      const QRow r0(a, rows(16 * mt + g)), r1(a, rows(16 * mt + g + 8));
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        q[mt][kk][0] = r0(kk, 0, t4);
+        q[mt][kk][1] = r1(kk, 0, t4);
+        q[mt][kk][2] = r0(kk, 1, t4);
+        q[mt][kk][3] = r1(kk, 1, t4);
+      }
     }
   }
 
   /// S = Q K^T over the warp tile's KW keys.
-  __device__ static void qk(const uint32_t (&q)[D / 16][NQ], uint32_t k_base, int warp, int lane, float (&s)[NS][4]) {
-    B::zero(s);
-    if constexpr (Pol::kFp8) {
-      const auto q_frag = [&](int chunk, int, uint32_t(&f)[4]) {
+  __device__ static void qk(const uint32_t (&q)[MT][D / 16][NQ], uint32_t k_base, int warp, int lane,
+                            float (&s)[MT][NS][4]) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) f[e] = q[chunk][e];
+    for (int mt = 0; mt < MT; ++mt) B::zero(s[mt]);
+    if constexpr (Pol::kFp8) {
+      const auto q_frag = [&](int chunk, int mt, uint32_t(&f)[4]) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f[e] = q[mt][chunk][e];
       };
-      qk_fp8<Fp8Tile>(reinterpret_cast<float(&)[1][NS][4]>(s), q_frag, k_base, warp, lane);
+      qk_fp8<Fp8Tile>(s, q_frag, k_base, warp, lane);
     } else {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -132,8 +142,11 @@ struct RowTileM : RowTileBase<Pol, T> {
           uint32_t kb[4];
           const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
           ldmatrix_x4(kb, k_base + tile_offset(TK, warp * KW + key, 2 * kk + ((lane >> 3) & 1)));
-          mma_16816<T>(s[2 * np], q[kk], kb[0], kb[1]);
-          mma_16816<T>(s[2 * np + 1], q[kk], kb[2], kb[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_16816<T>(s[mt][2 * np], q[mt][kk], kb[0], kb[1]);
+            mma_16816<T>(s[mt][2 * np + 1], q[mt][kk], kb[2], kb[3]);
+          }
         }
       }
     }
@@ -141,25 +154,31 @@ struct RowTileM : RowTileBase<Pol, T> {
 
   /// O += P V with P the tile's probabilities (fp8: accumulators in pv_fp8's even / odd
   /// dim layout).
-  __device__ static void pv(const float (&s)[NS][4], uint32_t v_base, int warp, int lane, float (&acc)[NA][4]) {
+  __device__ static void pv(const float (&s)[MT][NS][4], uint32_t v_base, int warp, int lane,
+                            float (&acc)[MT][NA][4]) {
     if constexpr (Pol::kFp8) {
-      pv_fp8<Fp8Tile>(reinterpret_cast<float(&)[1][NA][4]>(acc), reinterpret_cast<const float(&)[1][NS][4]>(s), v_base,
-                      warp, lane);
+      pv_fp8<Fp8Tile>(acc, s, v_base, warp, lane);
     } else {
 #pragma unroll
       for (int kk = 0; kk < KW / 16; ++kk) {
-        uint32_t pa[4];
-        pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-        pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-        pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
         const int key = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t vb[4];
           ldmatrix_x4_trans(vb, v_base + tile_offset(TK, warp * KW + key, 2 * dp + (lane >> 4)));
-          mma_16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
-          mma_16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_16816<T>(acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+            mma_16816<T>(acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+          }
         }
       }
     }
@@ -169,22 +188,27 @@ struct RowTileM : RowTileBase<Pol, T> {
   /// rows: in the m16n8 layout acc[i][2h], acc[i][2h + 1] are dims 8i + 2t, + 1; in
   /// pv_fp8's (i = 2c + e) acc[2c][2h + e], acc[2c + 1][2h + e] are 16c + 4t + 2e, + 1.
   template <bool kAdd>
-  __device__ static void to_buffer(float* buf, const float (&acc)[NA][4], const float (&f)[2], int lane) {
+  __device__ static void to_buffer(float* buf, const float (&acc)[MT][NA][4], const float (&f)[MT][2], int lane) {
     const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int i = 0; i < NA; ++i) {
-        const float2 z = Pol::kFp8 ? make_float2(acc[i & ~1][2 * h + (i & 1)], acc[i | 1][2 * h + (i & 1)])
-                                   : make_float2(acc[i][2 * h], acc[i][2 * h + 1]);
-        // Pair and lane offsets apart, so the stores keep constant offsets.
-        const int pair = Pol::kFp8 ? 16 * (i >> 1) + 2 * (i & 1) : 8 * i;
-        float2* x = reinterpret_cast<float2*>(buf + (g + 8 * h) * Pol::kOStride + pair + (Pol::kFp8 ? 4 : 2) * t4);
-        if constexpr (kAdd) {
-          const float2 y = *x;
-          *x = make_float2(y.x + z.x * f[h], y.y + z.y * f[h]);
-        } else {
-          *x = make_float2(z.x * f[h], z.y * f[h]);
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < NA; ++i) {
+          const float(&c)[NA][4] = acc[mt];
+          const float2 z = Pol::kFp8 ? make_float2(c[i & ~1][2 * h + (i & 1)], c[i | 1][2 * h + (i & 1)])
+                                     : make_float2(c[i][2 * h], c[i][2 * h + 1]);
+          // Pair and lane offsets apart, so the stores keep constant offsets.
+          const int pair = Pol::kFp8 ? 16 * (i >> 1) + 2 * (i & 1) : 8 * i;
+          float2* x = reinterpret_cast<float2*>(buf + (16 * mt + g + 8 * h) * Pol::kOStride + pair +
+                                                (Pol::kFp8 ? 4 : 2) * t4);
+          if constexpr (kAdd) {
+            const float2 y = *x;
+            *x = make_float2(y.x + z.x * f[mt][h], y.y + z.y * f[mt][h]);
+          } else {
+            *x = make_float2(z.x * f[mt][h], z.y * f[mt][h]);
+          }
         }
       }
     }
@@ -199,24 +223,28 @@ struct RowTileN : RowTileBase<Pol, T> {
   using typename B::QRow;
   using Frag = RowsInN;
   static constexpr int D = B::D, KW = B::KW, TK = B::TK, kRaw = D / 16;
-  static constexpr int kRows = 8, NS = KW / 16, NA = D / 16, NQ = 2;
+  static constexpr int MT = 1, kRows = 8, NS = KW / 16, NA = D / 16, NQ = 2;
 
-  __device__ static int row(int h, int lane) { return 2 * (lane & 3) + h; }
+  __device__ static int row(int /*mt*/, int h, int lane) { return 2 * (lane & 3) + h; }
   __device__ static bool holds_stats(int lane) { return lane < 4; }
 
   /// Q of row g as B fragments (k: dims, n: rows; in T: to_qk before the mma).
-  __device__ static void load_q(const AttentionArgs& a, const DecodeRows& rows, int lane, uint32_t (&q)[D / 16][NQ]) {
+  __device__ static void load_q(const AttentionArgs& a, const DecodeRows& rows, int lane,
+                                uint32_t (&q)[MT][D / 16][NQ]) {
     const QRow r(a, rows(lane >> 2));
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      q[kk][0] = r(kk, 0, lane & 3);
-      q[kk][1] = r(kk, 1, lane & 3);
+      q[0][kk][0] = r(kk, 0, lane & 3);
+      q[0][kk][1] = r(kk, 1, lane & 3);
     }
   }
 
   /// S^T = K Q^T over the warp tile's KW keys: s[i] holds keys 16i + g (e = 0, 1) and
   /// 16i + g + 8 (e = 2, 3) of rows 2t (even e) and 2t + 1 (odd e).
-  __device__ static void qk(const uint32_t (&q)[D / 16][NQ], uint32_t k_base, int warp, int lane, float (&s)[NS][4]) {
+  __device__ static void qk(const uint32_t (&qm)[MT][D / 16][NQ], uint32_t k_base, int warp, int lane,
+                            float (&sm)[MT][NS][4]) {
+    const uint32_t(&q)[D / 16][NQ] = qm[0];
+    float(&s)[NS][4] = sm[0];
     B::zero(s);
     if constexpr (Pol::kFp8) {
 #pragma unroll
@@ -251,7 +279,10 @@ struct RowTileN : RowTileBase<Pol, T> {
   /// O^T += V^T P^T: acc[c] holds dims of the 16-dim chunk c for rows 2t (even e) and
   /// 2t + 1 (odd e): 16c + g (e = 0, 1) and 16c + g + 8 (e = 2, 3); fp8 (v_fragments_fp8's
   /// rows) 16c + 2g and 16c + 2g + 1.
-  __device__ static void pv(const float (&s)[NS][4], uint32_t v_base, int warp, int lane, float (&acc)[NA][4]) {
+  __device__ static void pv(const float (&sm)[MT][NS][4], uint32_t v_base, int warp, int lane,
+                            float (&accm)[MT][NA][4]) {
+    const float(&s)[NS][4] = sm[0];
+    float(&acc)[NA][4] = accm[0];
 #pragma unroll
     for (int kk = 0; kk < KW / 16; ++kk) {
       // P^T's B fragment (k: keys 2t, 2t + 1 and + 8; n: row g) is the transpose of S^T's
@@ -286,7 +317,9 @@ struct RowTileN : RowTileBase<Pol, T> {
   /// buf[row][dim] = (kAdd: +=) acc * f[h] for rows 2t + h (pv's layout: fp8 as float2
   /// pairs of dims 2g, 2g + 1).
   template <bool kAdd>
-  __device__ static void to_buffer(float* buf, const float (&acc)[NA][4], const float (&f)[2], int lane) {
+  __device__ static void to_buffer(float* buf, const float (&accm)[MT][NA][4], const float (&fm)[MT][2], int lane) {
+    const float(&acc)[NA][4] = accm[0];
+    const float(&f)[2] = fm[0];
     const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

@@ -12,22 +12,26 @@ namespace {
 using namespace pagedmha::cuda::sm90;
 
 // G x q_len rows of a KV head: up to 8 on the operand-swapped tile, 9-16 on the 16-row
-// tile (5 x 3 = 15 included), more (or fp8 queries) not on this kernel.
+// tile (5 x 3 = 15 included), 17-32 on the 32-row tile at D = 64 only, more (or fp8
+// queries) not on this kernel.
 TEST(DecodeSm90Policy, RowTileFollowsRowsPerKvHead) {
   struct Row {
-    int group, q_len, tile;
+    int d, group, q_len, tile;
     bool ok;
   };
   const Row rows[] = {
-      {1, 1, 8, true},   {4, 1, 8, true},   {8, 1, 8, true},   {4, 2, 8, true},   {1, 8, 8, true},
-      {8, 2, 16, true},  {4, 4, 16, true},  {16, 1, 16, true}, {5, 3, 16, true},  {5, 4, 16, false},
-      {71, 1, 16, false},
+      {128, 1, 1, 8, true},   {128, 4, 1, 8, true},   {64, 8, 1, 8, true},   {128, 4, 2, 8, true},
+      {64, 1, 8, 8, true},    {64, 8, 2, 16, true},   {128, 4, 4, 16, true}, {128, 16, 1, 16, true},
+      {64, 5, 3, 16, true},   {128, 5, 4, 32, false}, {64, 5, 4, 32, true},  {64, 8, 4, 32, true},
+      {64, 8, 3, 32, true},   {128, 8, 4, 32, false}, {64, 8, 5, 32, false}, {64, 33, 1, 32, false},
+      {128, 71, 1, 32, false},
   };
   for (const Row& r : rows) {
-    EXPECT_EQ(decode_sm90_rows_ok(r.group, r.q_len, /*q_fp8=*/false), r.ok) << r.group << " x " << r.q_len;
+    EXPECT_EQ(decode_sm90_rows_ok(r.d, r.group, r.q_len, /*q_fp8=*/false), r.ok)
+        << "D " << r.d << ": " << r.group << " x " << r.q_len;
     if (r.ok) EXPECT_EQ(decode_sm90_row_tile(r.group, r.q_len), r.tile) << r.group << " x " << r.q_len;
   }
-  EXPECT_FALSE(decode_sm90_rows_ok(4, 1, /*q_fp8=*/true));
+  EXPECT_FALSE(decode_sm90_rows_ok(64, 4, 1, /*q_fp8=*/true));
 }
 
 // Per CTA with two CTAs per SM: 228 KB / 2 - 1 KB = 115712 bytes; minus 1024 (alignment),
@@ -52,6 +56,10 @@ TEST(DecodeSm90Policy, TileShapesAndStages) {
       {128, 16, 136, 2, 32768, false, 16},
       // fp8 D = 64, 32 keys: (115712 - 1024 - 9216 - 576 - 128) / 16384 = 6.4
       {64, 32, 72, 6, 16384, true, 16},
+      // 32 rows, 16 keys of 128-byte rows: (115712 - 1024 - 18432 - 1152 - 128) / 16384 = 5.8
+      {64, 16, 72, 5, 16384, false, 32},
+      // fp8, 16 keys of 64-byte rows: 8192-byte stages, 11.6 fit, the barriers' 8 taken
+      {64, 16, 72, 8, 8192, true, 32},
   };
   const auto check = [](const Row& r, int kw, int stride, int stages, int stage_bytes, int smem, int per_cta) {
     EXPECT_EQ(kw, r.kw) << "D " << r.d << " fp8 " << r.fp8 << " rows " << r.rows;
@@ -72,6 +80,8 @@ TEST(DecodeSm90Policy, TileShapesAndStages) {
     if (r.d == 128 && r.fp8 && r.rows == 8) run(DecodePolicy<128, true, 8>{});
     if (r.d == 128 && !r.fp8 && r.rows == 16) run(DecodePolicy<128, false, 16>{});
     if (r.d == 64 && r.fp8 && r.rows == 16) run(DecodePolicy<64, true, 16>{});
+    if (r.d == 64 && !r.fp8 && r.rows == 32) run(DecodePolicy<64, false, 32>{});
+    if (r.d == 64 && r.fp8 && r.rows == 32) run(DecodePolicy<64, true, 32>{});
   }
 }
 

@@ -11,7 +11,8 @@
 // - batches past one 128-request chunk of the in-kernel item scan, with row chunks;
 // - fp8 caches on the Hopper decode's ring (decode_sm90/: raw fp8 stages of 128 keys, 256
 //   at D = 64 on the 8-row tile, in TMA's 128-byte / 64-byte swizzle, Q in the fp8
-//   fragments' dim order), on both row tiles (8 rows, and 16 for G 4 x q_len 4).
+//   fragments' dim order), on both row tiles (8 rows, and 16 for G 4 x q_len 4);
+// - 17-32 rows at D = 64 on the Hopper decode's 32-row tile.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -87,6 +88,48 @@ TEST(GpuDecodePaths, Fp8CacheOnTheRing) {
     c.seed = 1600 + D;
     check_split_counts(c, {0, 3, 40, 128});
   }
+}
+
+// 17-32 rows per KV head at D = 64 (gpt-oss verify: G 8 x q_len 3 or 4; G 5 x q_len 4)
+// on the Hopper decode's 32-row tile (two m16 tiles sharing each K / V fragment; on other
+// GPUs the portable decode): 16-bit and fp8 caches, page sizes 1 (no TMA box: portable),
+// 16, 64 and 256, windows, sinks, soft-cap, lse, padded graph rows (seq_len < q_len),
+// lengths around the 64-key stages; then split counts, each within an ulp of one split.
+TEST(GpuDecodePaths, VerifyRowsOnThe32RowTile) {
+  REQUIRE_GPU();
+  const int kPages[] = {16, 64, 256, 1};
+  int i = 0;
+  for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      AttnCase c = gpu_case();
+      c.D = 64;
+      c.kv_dtype = kv;
+      if (kv == DType::fp8_e4m3) c.k_scale = 0.05, c.v_scale = 0.03;
+      c.q_dtype = variant == 2 ? DType::fp16 : DType::bf16;
+      c.Hq = variant == 3 ? 10 : 16, c.Hkv = 2;
+      c.q_len_per_req = variant == 1 ? 3 : 4;  // 32, 24, 32, 20 rows
+      c.page_size = kPages[variant];
+      c.window_left = variant == 1 ? 127 : -1;
+      c.release_window_pages = c.window_left >= 0;
+      if (variant >= 2) {
+        c.sinks = SinkMode::custom;
+        c.custom_sinks.clear();
+        for (int h = 0; h < c.Hq; ++h) c.custom_sinks.push_back(0.5 * (h % 7) - 1.0);
+      }
+      if (variant == 2) c.soft_cap = 30.0;
+      c.with_lse = variant % 2 == 0;
+      c.kv_lens = {1, 3, 63, 64, 65, 129, 1000, 4097, 0, 9000};
+      c.seed = 1700 + i++;
+      check_case(c);
+    }
+  }
+  AttnCase c = gpu_case();
+  c.D = 64;
+  c.Hq = 16, c.Hkv = 2;
+  c.q_len_per_req = 4;
+  c.kv_lens = {9000, 4097, 300, 129};
+  c.seed = 1750;
+  check_split_counts(c, {0, 3, 40, 128});
 }
 
 // Page sizes no other suite uses: 8 (the general path for 16-key runs; the run path for
