@@ -68,13 +68,11 @@ constexpr CUtensorMapDataType tensor_map_dtype() {
 /// K / V tensor maps: [pages][page_size][Hkv][D] with boxes of [kv_box_rows][64] of one
 /// head (16-bit, 128-byte swizzle) or [kv_box_rows][D] bytes (fp8: unswizzled, or with
 /// fp8_swizzled the swizzle of the raw tiles' fragment reads, common/paged_loader.cuh
-/// swizzle_rows: 128-byte rows at D = 128, 64-byte rows at D = 64); fp8_box_bytes < D
-/// takes each fp8 row in boxes of that many bytes (the Hopper prefill's in-place tiles at
-/// D = 256: prefill_sm90/policy.h kRawBoxBytes). `geo` is set either way. False when the
-/// layout does not allow TMA or the driver refuses the maps.
+/// swizzle_rows: 128-byte rows at D = 128, 64-byte rows at D = 64). `geo` is set either
+/// way. False when the layout does not allow TMA or the driver refuses the maps.
 template <int D, class T, bool kFp8>
 bool kv_tensor_maps(const detail::KvCacheDesc& kv, int block_n, CUtensorMap& tm_k, CUtensorMap& tm_v,
-                    PageGeometry& geo, bool fp8_swizzled = false, int fp8_box_bytes = D) {
+                    PageGeometry& geo, bool fp8_swizzled = false) {
   const int64_t es = kFp8 ? 1 : 2;
   geo = PageGeometry::make(kv.page_size, kv_box_rows(kv.page_size, block_n));
   if (!kv_tma_ok(kv.page_size, block_n, kv.k.data, kv.v.data, kv.k.page_stride * es, kv.k.token_stride * es,
@@ -91,7 +89,7 @@ bool kv_tensor_maps(const detail::KvCacheDesc& kv, int block_n, CUtensorMap& tm_
     if (fp8_swizzled && swizzle == CU_TENSOR_MAP_SWIZZLE_NONE) return false;  // rows wider than a swizzle span
   }
   const uint64_t dims[4] = {uint64_t(D), uint64_t(kv.num_kv_heads), uint64_t(kv.page_size), uint64_t(kv.num_pages)};
-  const uint32_t box[4] = {kFp8 ? uint32_t(fp8_box_bytes) : 64u, 1, uint32_t(geo.box_rows), 1};
+  const uint32_t box[4] = {kFp8 ? uint32_t(D) : 64u, 1, uint32_t(geo.box_rows), 1};
   const uint64_t ks[3] = {uint64_t(kv.k.head_stride * es), uint64_t(kv.k.token_stride * es),
                           uint64_t(kv.k.page_stride * es)};
   const uint64_t vs[3] = {uint64_t(kv.v.head_stride * es), uint64_t(kv.v.token_stride * es),

@@ -499,23 +499,13 @@ struct Producer {
     after_first_loads();
     for (int x = 0; x < n; ++x) {
       const int ahead = x + kAhead < n ? raw_page(t, pages, elem(x + kAhead)) : 0;  // used after this conversion
-      // The next load before this conversion where its stage is already free (policy.h
-      // kRawEarlyLoad; decided per warp: each warp issues and counts its own boxes).
-      bool loaded = false;
-      if constexpr (Pol::kRawEarlyLoad) {
-        if (x + kAhead < n) {
-          const bool ready = Barrier::test_wait(kIsV ? sm.v_empty(ld.slot) : sm.k_empty(ld.slot), ld.phase ^ 1, 1);
-          loaded = __shfl_sync(0xffffffffu, ready, 0);
-          if (loaded) load(x + kAhead, ahead);
-        }
-      }
       wait(kIsV ? sm.v_raw_full(st.slot) : sm.k_raw_full(st.slot), st.phase);
       char* const stage = kIsV ? sm.v(st.slot) : sm.k(st.slot);
       convert_tile(smem_addr(stage + Pol::kTileBytes / 2), smem_addr(stage), span(t, elem(x).tile));
       fence_async_smem();
       arrive(kIsV ? sm.v_full(st.slot) : sm.k_full(st.slot));
       st.advance();
-      if (x + kAhead < n && !loaded) load(x + kAhead, ahead);
+      if (x + kAhead < n) load(x + kAhead, ahead);
     }
   }
 
@@ -557,12 +547,7 @@ struct Producer {
     const int phase = tid >> 3, hi = (tid >> 2) & 1;
     const int r0 = 2 * (phase / kPieces) + hi;
     const int c0 = 4 * (kPieces > 1 ? (phase % kPieces) ^ hi : 0) + (tid & 3);
-    // Raw rows of kRow bytes: the whole row, or in place at D = 256 its half in each of
-    // two regions of BN rows (policy.h kRawBoxBytes).
-    // (The plain form where a row is one region: ptxas cannot prove c0 * 16 < D.)
-    constexpr int kRow = Pol::kRawBoxBytes;
-    const uint32_t src0 =
-        kRow == D ? src + r0 * D + c0 * 16 : src + (c0 * 16 / kRow) * (BN * kRow) + r0 * kRow + c0 * 16 % kRow;
+    const uint32_t src0 = src + r0 * D + c0 * 16;
     const uint32_t dst0 = dst + tile_offset(BN, r0, 2 * c0), dst1 = dst + tile_offset(BN, r0, 2 * c0 + 1);
     // Odd chunks' bases with two phases (row r0 + kRowStep, less the step they add).
     const uint32_t odd0 = kTwoPhases ? dst + tile_offset(BN, r0 + kRowStep, 2 * c0) - kRowStep * 128 : dst0;
@@ -575,14 +560,11 @@ struct Producer {
     for (int g = 0; g < kPerThread; g += U) {
       uint4 in[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) in[u] = lds128(src0 + (g + u) * kRowStep * kRow);
+      for (int u = 0; u < U; ++u) in[u] = lds128(src0 + (g + u) * kRowStep * D);
       if constexpr (Pol::kFp8InPlace) {
-        // In place, raw row r is the upper panels' row r (D = 128: the second panel's; 256:
-        // the third's and the fourth's), which only row r's 16-bit chunks overwrite. Row
-        // r0's readers are the 8 x kPieces threads of phases [kPieces (r0 / 2), +kPieces),
-        // within one warp, so the warp is done reading its rows before any of it writes.
-        static_assert(D == 128 || D == 256, "raw rows are panel rows at D = 128 and 256 only");
-        static_assert(32 % (8 * kPieces) == 0, "a raw row's readers within one warp");
+        // In place, raw row r is the second panel's row r: the 8 lanes reading it (one
+        // warp: its 4 rows are its 4 phases' rows) are done before any of them writes it.
+        static_assert(D == 128, "raw rows are panel rows at D = 128 only");
         __syncwarp();
       }
 #pragma unroll
@@ -633,14 +615,8 @@ struct Producer {
     if (lane == 0 && bytes > 0) expect_tx(full, bytes);
     __syncwarp();
     if (mine) {
-      // A box per kRow bytes of the rows, each into its region of BN rows (one, except
-      // in place at D = 256: policy.h kRawBoxBytes).
-      constexpr int kRow = Pol::kRawBoxBytes;
-#pragma unroll
-      for (int h = 0; h < D / kRow; ++h) {
-        tma_load_4d(e.is_v ? &p.tm_v : &p.tm_k, full, dst + h * (BN * kRow) + (g.box_key(u) - sp.key0) * kRow,
-                    h * kRow, t.kv_head, g.row(g.box_key(u)), page, kEvictLast);
-      }
+      tma_load_4d(e.is_v ? &p.tm_v : &p.tm_k, full, dst + (g.box_key(u) - sp.key0) * D, 0, t.kv_head,
+                  g.row(g.box_key(u)), page, kEvictLast);
     }
     __syncwarp();
     if (lane == 0) arrive(full);

@@ -89,8 +89,7 @@ template <class Pol, class T, class KV>
 bool try_prefill_tma(const detail::AttentionProblem& prob, const AttentionArgs& a, Sm90Params& p, int num_sms,
                      cudaStream_t stream) {
   if (PAGEDMHA_SM90_FORCE_GATHER ||
-      !kv_tensor_maps<Pol::kHeadDim, T, Pol::kFp8Kv>(prob.kv, Pol::kBlockN, p.tm_k, p.tm_v, p.geo,
-                                                     /*fp8_swizzled=*/false, Pol::kRawBoxBytes)) {
+      !kv_tensor_maps<Pol::kHeadDim, T, Pol::kFp8Kv>(prob.kv, Pol::kBlockN, p.tm_k, p.tm_v, p.geo)) {
     return false;
   }
   run_prefill_with<Pol, T, KV>(prob, a, p, num_sms, stream);

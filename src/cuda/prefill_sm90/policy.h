@@ -40,9 +40,7 @@
 // on three consumer warpgroups (BlockM 192, kFp8Wg3) where the launch's rounds say so
 // (fp8_rows192_pays; 1, the default), never (0) or always (2).
 // PAGEDMHA_SM90_FP8_D256_TEAMS: fp8 KV at D = 256 by TMA with the producer warpgroup in
-// two teams, Q and K, and V (kFp8Teams; 1, the default), or as one (0);
-// PAGEDMHA_SM90_FP8_D256_IN_PLACE=1 lands those teams' raw tiles in their stages' upper
-// panels (kFp8InPlace; prepared, not run).
+// two teams, Q and K, and V (kFp8Teams; 1, the default), or as one (0).
 // PAGEDMHA_SM90_PRED_RELEASE=0:
 // the consumers release stages in a branch around the arrives (kPredRelease; default 1,
 // predicated arrives).
@@ -69,9 +67,6 @@
 #endif
 #ifndef PAGEDMHA_SM90_FP8_D256_TEAMS
 #define PAGEDMHA_SM90_FP8_D256_TEAMS 1
-#endif
-#ifndef PAGEDMHA_SM90_FP8_D256_IN_PLACE
-#define PAGEDMHA_SM90_FP8_D256_IN_PLACE 0
 #endif
 #ifndef PAGEDMHA_SM90_PRED_RELEASE
 #define PAGEDMHA_SM90_PRED_RELEASE 1
@@ -204,26 +199,8 @@ struct PrefillPolicy {
   // reads a row's 128 bytes before it writes them). The 64 KB of staging slots go to the
   // rings: a second query-tile buffer and a third V stage, the bf16 kernel's layout. As
   // fast as the staging slots (H200, 2026-12-03 s9run1: docs/perf-notes/prefill-sm90-fp8.md)
-  // with one pipeline fewer per warpgroup. Knob (off, prepared and not run): at D = 256
-  // with the two producer teams, the same, each raw row split over the stage's two upper
-  // panels (two 128-byte boxes per page box: raw row r's dims [0, 128) are the third
-  // panel's row r, [128, 256) the fourth's). Its one staging slot per team holds the next
-  // raw tile back until this one is converted (ncu, H100 s31run3: the tensor pipe 52%
-  // against bf16's 76%); in place, a tile loads as soon as the consumers release its
-  // stage (before this conversion where it already is free), and the 32 KB of slots
-  // become a third V stage
-  // (docs/perf-notes/prefill-sm90-fp8.md section 15). Elsewhere the staging slots below.
-  static constexpr bool kFp8InPlace =
-      Fp8Kv && ((kProducerWarpgroups == 2 && D == 128 && PAGEDMHA_SM90_FP8_IN_PLACE != 0) ||
-                (D == 256 && kFp8Teams && KvTma && PAGEDMHA_SM90_FP8_D256_IN_PLACE != 0));
-  // Bytes of a raw row in one TMA box and in one stage region: the row (dense rows of D
-  // bytes), or in place at D = 256 half of it, one panel row.
-  static constexpr int kRawBoxBytes = kFp8InPlace && D == 256 ? 128 : D;
-  // In place, each team issues its next raw load before converting where that load's
-  // stage is already free (producer.cuh convert_in_place); else after. Only with the
-  // D = 256 knob: a two-deep K ring would otherwise load K_{x+1} only after converting
-  // K_x, as its staging slot did. D = 128's measured kernels keep the plain order.
-  static constexpr bool kRawEarlyLoad = kFp8InPlace && D == 256;
+  // with one pipeline fewer per warpgroup. Elsewhere the staging slots below.
+  static constexpr bool kFp8InPlace = Fp8Kv && kProducerWarpgroups == 2 && D == 128 && PAGEDMHA_SM90_FP8_IN_PLACE != 0;
   // fp8 caches land raw (BN x D bytes) in staging slots the producer warpgroup(s) convert
   // from into the 16-bit stages: 4 (3 tiles in flight while one converts: a tile's load
   // latency is ~3 conversions; two each with two producer warpgroups) where shared memory

@@ -75,15 +75,8 @@ TEST(PrefillSm90Policy, LayoutsWorkedOutByHand) {
   EXPECT_EQ((PrefillPolicy<256, false, true>::kBlockN), 80);
   EXPECT_EQ((PrefillPolicy<256, false, true, 64>::kBlockN), 64);
   expect_layout(layout_of<PrefillPolicy<256, false, true, 64>>(), {2, 1, 1, 2, 3, 230656, 72, 216}, "D256 bf16 tma 64");
-  // D = 256, fp8: two 16 KB staging slots (one producer warpgroup): one Q leaves 4 tiles;
-  // converting in place (PAGEDMHA_SM90_FP8_D256_IN_PLACE=1, with the teams) frees them for
-  // a third V stage, each raw row in two 128-byte boxes.
-  constexpr bool kD256InPlace = PAGEDMHA_SM90_FP8_D256_IN_PLACE != 0 && PAGEDMHA_SM90_FP8_D256_TEAMS != 0;
-  expect_layout(layout_of<PrefillPolicy<256, true, true>>(), {2, 1, 1, 2, kD256InPlace ? 3 : 2, 230656, 72, 216},
-                "D256 fp8");
-  EXPECT_EQ((PrefillPolicy<256, true, true>::kFp8InPlace), kD256InPlace);
-  EXPECT_EQ((PrefillPolicy<256, true, true>::kRawBoxBytes), kD256InPlace ? 128 : 256);
-  EXPECT_FALSE((PrefillPolicy<256, true, false>::kFp8InPlace));  // the gather keeps its slots
+  // D = 256, fp8: two 16 KB staging slots (one producer warpgroup): one Q leaves 4 tiles.
+  expect_layout(layout_of<PrefillPolicy<256, true, true>>(), {2, 1, 1, 2, 2, 230656, 72, 216}, "D256 fp8");
   // Its producer warpgroup as one team, or (PAGEDMHA_SM90_FP8_D256_TEAMS=1) two teams of
   // two warps with a staging slot each: the same layout.
   EXPECT_EQ((PrefillPolicy<256, true, true>::kRoleThreads), PAGEDMHA_SM90_FP8_D256_TEAMS != 0 ? 64 : 128);
@@ -103,15 +96,13 @@ void expect_fits(const char* what) {
             launch_regs)
       << what;
   // Each producer team its own staging slots; none when converting in place, and
-  // only at D = 128 (a raw row is then exactly a panel row of the stage) or 256 (two
-  // panel rows).
+  // only at D = 128 (a raw row is then exactly a panel row of the stage).
   EXPECT_EQ(P::kRawSlots % P::kProducerRoles, 0) << what;
   EXPECT_EQ(P::kRoleThreads * P::kProducerRoles, 128 * P::kProducerWarpgroups) << what;
   if (P::kFp8InPlace) {
     EXPECT_EQ(P::kRawSlots, 0) << what;
-    EXPECT_TRUE(P::kHeadDim == 128 || P::kHeadDim == 256) << what;
+    EXPECT_EQ(P::kHeadDim, 128) << what;
     EXPECT_EQ(P::kRawBytes * 2, P::kTileBytes) << what;
-    EXPECT_EQ(P::kRawBoxBytes, 128) << what;  // a stage's panel row
   } else if (P::kFp8Kv) {
     EXPECT_GT(P::kRawSlots, 0) << what;
   }
