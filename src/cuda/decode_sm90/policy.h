@@ -145,9 +145,12 @@ struct DecodePolicy {
   static constexpr int kCtas8 = PAGEDMHA_DECODE_SM90_CTAS8 > 0 ? PAGEDMHA_DECODE_SM90_CTAS8 : kCtas0;
   static constexpr int kKw8 = PAGEDMHA_DECODE_SM90_KW8 > 0 ? PAGEDMHA_DECODE_SM90_KW8 : kKw0;
   // 32 rows (two m16 tiles: twice the S, O and Q registers of 16): 16 keys per warp tile
-  // (16-bit: five 16 KB stages instead of two 32 KB ones; S in 16 registers, so the
-  // consumers fit two CTAs' 168).
-  static constexpr int kKw32 = PAGEDMHA_DECODE_SM90_KW32 > 0 ? PAGEDMHA_DECODE_SM90_KW32 : 16;
+  // for 16-bit rows (five 16 KB stages instead of two 32 KB ones), 32 for fp8 (five 16 KB
+  // stages). gpt-oss 64 x 4k q_len 4 against the portable decode: bf16 -7% time (32
+  // keys: -3%), fp8 -35% (16 keys: -30%; H100 s32run2). fp8 with 32 keys exceeds two CTAs'
+  // 168 registers by a few (ptxas: 148 bytes spilled, 6 local accesses per tile, L1 hits);
+  // 16 keys fit without spills and are 7% slower.
+  static constexpr int kKw32 = PAGEDMHA_DECODE_SM90_KW32 > 0 ? PAGEDMHA_DECODE_SM90_KW32 : kFp8 ? 32 : 16;
   static constexpr bool kKnobs8 =
       kRowTile == 8 && decode_sm90_stages_fit(D, kRowBytes, 8, kCtas8, PAGEDMHA_DECODE_SM90_WARPS, kKw8) >= 2;
   // Four consumer warps per CTA, with two CTAs: two warps per SMSP, as eight warps in one

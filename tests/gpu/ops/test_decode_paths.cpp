@@ -103,9 +103,9 @@ TEST(GpuDecodePaths, VerifyRowsOnThe32RowTile) {
     for (int variant = 0; variant < 4; ++variant) {
       AttnCase c = gpu_case();
       c.D = 64;
-      c.kv_dtype = kv;
-      if (kv == DType::fp8_e4m3) c.k_scale = 0.05, c.v_scale = 0.03;
       c.q_dtype = variant == 2 ? DType::fp16 : DType::bf16;
+      c.kv_dtype = kv == DType::bf16 ? c.q_dtype : kv;  // a 16-bit cache has the query's dtype
+      if (kv == DType::fp8_e4m3) c.k_scale = 0.05, c.v_scale = 0.03;
       c.Hq = variant == 3 ? 10 : 16, c.Hkv = 2;
       c.q_len_per_req = variant == 1 ? 3 : 4;  // 32, 24, 32, 20 rows
       c.page_size = kPages[variant];
