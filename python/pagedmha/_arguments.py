@@ -153,7 +153,8 @@ def _check(annotation: str, name: str):
     elif base == "float":
         accepts, what = _is_float, "a float"
     elif base == "bool":
-        accepts, what = _is_bool, "a bool"
+        # A Python bool only: nanobind refuses NumPy's as a bool argument.
+        accepts, what = (lambda v: isinstance(v, bool)), "a bool"
     elif base == "str":
         accepts, what = (lambda v: isinstance(v, str)), "a str"
     elif base == "ArrayLike" or base.startswith("ndarray"):

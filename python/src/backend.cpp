@@ -93,16 +93,20 @@ class PyBackend {
  public:
   explicit PyBackend(std::unique_ptr<MhaBackend> impl) : impl_(std::move(impl)) {}
 
-  MhaBackend& get() { return *impl_; }
+  /// The backend; an error (not a null dereference) once _adopt has moved it out.
+  MhaBackend& get() {
+    if (!impl_) throw Error("MhaBackend: expected a backend, got one moved into another object by _adopt");
+    return *impl_;
+  }
 
   void set_stream(std::optional<std::uintptr_t> stream) {
-    if (stream) impl_->set_stream(Stream{reinterpret_cast<void*>(*stream)});
+    if (stream) get().set_stream(Stream{reinterpret_cast<void*>(*stream)});
   }
 
   void init_forward_metadata(const PyForwardBatch& batch, std::optional<std::uintptr_t> stream) {
     set_stream(stream);
     const ForwardBatch b = batch.view("MhaBackend.init_forward_metadata");
-    impl_->init_forward_metadata(b);
+    get().init_forward_metadata(b);
     step_batch_ = batch;  // the decode slot may alias batch.seq_lens until the next step
   }
 
@@ -125,16 +129,16 @@ class PyBackend {
     // The result is `out` viewed as [T, Hq * D]; the Python layer returns that view.
     nb::gil_scoped_release release;
     if constexpr (Extend) {
-      impl_->forward_extend(q_, k_, v_, spec, kv, loc, bs, o, save_kv_cache);
+      get().forward_extend(q_, k_, v_, spec, kv, loc, bs, o, save_kv_cache);
     } else {
-      impl_->forward_decode(q_, k_, v_, spec, kv, loc, bs, o, save_kv_cache);
+      get().forward_decode(q_, k_, v_, spec, kv, loc, bs, o, save_kv_cache);
     }
   }
 
   nb::object select_out_cache_loc(nb::handle self, const PyLayerSpec& layer, ForwardMode mode,
                                   const ArrayArg& loc, std::optional<std::uintptr_t> stream) {
     set_stream(stream);  // a drafter's group slots are computed on it
-    const TensorView t = impl_->select_out_cache_loc(
+    const TensorView t = get().select_out_cache_loc(
         layer.view("MhaBackend.select_out_cache_loc"), mode,
         to_view(loc, "MhaBackend.select_out_cache_loc", "out_cache_loc", Access::read));
     return export_view(t, loc, self);
@@ -143,14 +147,14 @@ class PyBackend {
   void register_layers(const std::vector<PyLayerSpec>& layers) {
     std::vector<LayerSpec> specs;
     for (const PyLayerSpec& l : layers) specs.push_back(l.view("MhaBackend.register_layers"));
-    impl_->register_layers(specs);
+    get().register_layers(specs);
   }
 
   void init_cuda_graph_state(int max_bs, const ArrayArg& seq_lens_buf,
                              const std::vector<std::string>& cache_group_ids,
                              std::optional<std::uintptr_t> stream) {
     set_stream(stream);
-    impl_->init_cuda_graph_state(
+    get().init_cuda_graph_state(
         max_bs, to_view(seq_lens_buf, "MhaBackend.init_cuda_graph_state", "seq_lens_buf", Access::read),
         cache_group_ids);
     seq_lens_buf_ = seq_lens_buf;  // aliased by every captured decode slot
@@ -159,12 +163,12 @@ class PyBackend {
   void capture(int bs, ForwardMode mode, const std::vector<std::string>& cache_group_ids,
                std::optional<std::uintptr_t> stream) {
     set_stream(stream);
-    impl_->init_forward_metadata_capture_cuda_graph(bs, mode, cache_group_ids);
+    get().init_forward_metadata_capture_cuda_graph(bs, mode, cache_group_ids);
   }
 
   void replay(const PyForwardBatch& batch, std::optional<std::uintptr_t> stream) {
     set_stream(stream);
-    impl_->init_forward_metadata_replay_cuda_graph(
+    get().init_forward_metadata_replay_cuda_graph(
         batch.view("MhaBackend.init_forward_metadata_replay_cuda_graph"));
     step_batch_ = batch;
   }
@@ -172,7 +176,7 @@ class PyBackend {
   void fill_block_decode_seq_lens(int bs, const ArrayArg& block_ends,
                                   std::optional<std::uintptr_t> stream) {
     set_stream(stream);
-    impl_->fill_block_decode_seq_lens(bs,
+    get().fill_block_decode_seq_lens(bs,
                                       to_view(block_ends, "MhaBackend.fill_block_decode_seq_lens",
                                               "block_ends", Access::read));
   }

@@ -244,6 +244,21 @@ def test_backend_constructed_directly_is_checked_as_create_backend():
     assert type(made) is pm.MhaBackend and made.page_size == P
     with pytest.raises(pm.Error, match=r"^_adopt: cls: expected a subclass of MhaBackend$"):
         pm._pagedmha._adopt(int, made)
+    # The object _adopt moved out of is an error to use, not a null backend.
+    raw = pm._pagedmha.create_backend("trtllm", page_size=P, context_len=64)
+    assert pm._pagedmha._adopt(pm.MhaBackend, raw).page_size == P
+    for use in (lambda: raw.page_size, lambda: raw.register_layers([]), lambda: raw.set_stream(0)):
+        with pytest.raises(pm.Error, match=r"^MhaBackend: expected a backend, got one moved into another"):
+            use()
+
+
+def test_numpy_bools_where_a_bool_is_expected_are_named():
+    """nanobind takes only Python bools for bool arguments: NumPy's are named, not a raw
+    TypeError."""
+    with pytest.raises(pm.Error, match=r"^MhaBackend: is_draft: expected a bool, got bool np\.True_$"):
+        pm.MhaBackend(page_size=P, context_len=64, is_draft=np.True_)
+    with pytest.raises(pm.Error, match=r"^visible_pairs: causal: expected a bool, got bool np\.False_$"):
+        pm.visible_pairs(4, 4, -1, np.False_)
     assert pm.visible_pairs(4, 4, -1, True) == 10  # causal 4 x 4: 1 + 2 + 3 + 4
 
 

@@ -51,6 +51,14 @@ TEST(Sizes, NumelOverflowIsAnError) {
              {"Buffer::empty", "shape", "2^63"});
 }
 
+// A host buffer within 63 bytes of 2^64 (a workspace_bytes from the config): rounding it
+// up to the 64-byte alignment would wrap to 0 and "allocate" it.
+TEST(Sizes, HostBufferNearTwoTo64IsAnError) {
+  expect_has(error_of([] { Buffer b(~std::size_t{0}, Device::cpu()); }), {"Buffer", "bytes", "18446744073709551615"});
+  expect_has(error_of([] { Buffer b(~std::size_t{0} - 62, Device::cpu()); }),
+             {"Buffer", "bytes", "18446744073709551553"});
+}
+
 // K and V in one allocation: interleaved pages (disjoint elements) are fine; V shifted by
 // 64 elements over K (the same rows) is an error, and nothing is written.
 TEST(Sizes, AppendKvCachesSharingElementsAreErrors) {
