@@ -341,12 +341,7 @@ __device__ void attention_mainloop(const AttentionArgs& a, const AttentionSmem<T
 #pragma unroll
       for (int kk = 0; kk < KW / 16; ++kk) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          p[kk][mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          p[kk][mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          p[kk][mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          p[kk][mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
+        for (int mt = 0; mt < MT; ++mt) p_fragment<T>(p[kk][mt], s[mt], kk);
       }
 #pragma unroll
       for (int kk = 0; kk < KW / 16; ++kk) {

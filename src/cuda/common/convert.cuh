@@ -29,6 +29,16 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+/// P's m16n8k16 A fragment for k16 step kk from the m16n8 accumulators of its two key
+/// halves (keys 16 kk .. + 7 in s[2 kk], + 8 .. + 15 in s[2 kk + 1]), packed to T pairs.
+template <class T, int N>
+__device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (&s)[N][4], int kk) {
+  pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+  pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+  pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
 /// Two e4m3 bytes (low byte first) -> one packed fp16 pair, exact; NaN (0x7f / 0xff) ->
 /// 0x7fff. sm_89+: one cvt. Older GPUs have no e4m3 cvt: seeeemmm -> fp16 s0eeeemmm0000000
 /// is the value times 2^-8 (subnormals too) and one fp16x2 multiply by 2^8 (exact) fixes

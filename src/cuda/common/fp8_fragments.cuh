@@ -117,12 +117,7 @@ __device__ __forceinline__ void pv_fp8(float (&acc)[Tr::MT][Tr::D / 8][4], const
   for (int kk = 0; kk < KW / 16; ++kk) {
     uint32_t pa[MT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      pa[mt][0] = pack2<__half>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-      pa[mt][1] = pack2<__half>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-      pa[mt][2] = pack2<__half>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-      pa[mt][3] = pack2<__half>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-    }
+    for (int mt = 0; mt < MT; ++mt) p_fragment<__half>(pa[mt], s[mt], kk);
 #pragma unroll
     for (int c = 0; c < kRaw; c += 2) {
       uint32_t even[2][2], odd[2][2];

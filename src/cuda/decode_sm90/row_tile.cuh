@@ -163,12 +163,7 @@ struct RowTileM : RowTileBase<Pol, T> {
       for (int kk = 0; kk < KW / 16; ++kk) {
         uint32_t pa[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
+        for (int mt = 0; mt < MT; ++mt) p_fragment<T>(pa[mt], s[mt], kk);
         const int key = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {

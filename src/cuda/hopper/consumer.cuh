@@ -134,12 +134,7 @@ struct Consumer {
   template <int NS>
   __device__ static void pack_p(uint32_t (&pa)[BN / 16][4], const float (&s)[NS][4]) {
 #pragma unroll
-    for (int kk = 0; kk < NS / 2; ++kk) {
-      pa[kk][0] = pack2<M>(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = pack2<M>(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = pack2<M>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = pack2<M>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    for (int kk = 0; kk < NS / 2; ++kk) p_fragment<M>(pa[kk], s, kk);
     if constexpr (NS % 2 == 1) {
       pa[NS / 2][0] = pack2<M>(s[NS - 1][0], s[NS - 1][1]);
       pa[NS / 2][1] = pack2<M>(s[NS - 1][2], s[NS - 1][3]);
