@@ -2,8 +2,19 @@
 
 #include <cuda_runtime.h>
 
+// Experiment knob: the L2 promotion of every tensor map's loads, in bytes (0: none; 64,
+// 128 the default, 256).
+#ifndef PAGEDMHA_TMA_L2_PROMOTION
+#define PAGEDMHA_TMA_L2_PROMOTION 128
+#endif
+
 namespace pagedmha::cuda::sm90 {
 namespace {
+
+constexpr CUtensorMapL2promotion kL2Promotion = PAGEDMHA_TMA_L2_PROMOTION == 0    ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                                                : PAGEDMHA_TMA_L2_PROMOTION == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                                                : PAGEDMHA_TMA_L2_PROMOTION == 256 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                                                                   : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
 
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -40,7 +51,7 @@ bool encode_tensor_map(CUtensorMap* map, CUtensorMapDataType dtype, int rank, co
   }
   return fn(map, dtype, static_cast<cuuint32_t>(rank), const_cast<void*>(base), d, st, b, es,
             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-            CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            kL2Promotion,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
