@@ -3,7 +3,9 @@
 #include <cuda_runtime.h>
 
 // Experiment knob: the L2 promotion of every tensor map's loads, in bytes (0: none; 64,
-// 128 the default, 256).
+// 128 the default, 256). For fp8 D = 64 decode (64-byte rows, two KV heads per line) 64
+// bytes was -12% at gpt-oss 128 x 32k and +17% at 64 x 4k (H100, 2026-12-06:
+// docs/perf-notes/decode-fp8.md, last section); 256 slower on most shapes.
 #ifndef PAGEDMHA_TMA_L2_PROMOTION
 #define PAGEDMHA_TMA_L2_PROMOTION 128
 #endif
