@@ -281,7 +281,11 @@ def checked(op: str, raw, func: Optional[Callable] = None, method: bool = False,
 
 
 def dtype(value, op: str, name: str):
-    """A DType from a DType or its name; pagedmha.Error naming op and name otherwise."""
+    """A DType from a DType or its name; pagedmha.Error naming op and name otherwise (an
+    int too, which nanobind would take as the enum's value)."""
+    if not isinstance(value, (str, _pagedmha.DType)):
+        _, what = _class_check("DType")
+        raise _pagedmha.Error(f"{op}: {name}: expected {what}, got {_show(value)}")
     if isinstance(value, str):
         try:
             return _pagedmha.DType.__members__[value]

@@ -252,6 +252,16 @@ def test_backend_constructed_directly_is_checked_as_create_backend():
             use()
 
 
+def test_dtype_arguments_take_no_ints():
+    """nanobind would take 0 as DType.bf16: refused like any other non-DType."""
+    with pytest.raises(pm.Error, match=r"^MhaBackend: kv_cache_dtype: expected a pagedmha\.DType or one of "
+                                       r"the names .*, got int 0$"):
+        pm.MhaBackend(page_size=P, context_len=64, kv_cache_dtype=0)
+    with pytest.raises(pm.Error, match=r"^create_backend: out_dtype: expected a pagedmha\.DType .*, got int 1$"):
+        pm.create_backend("trtllm", page_size=P, context_len=64, out_dtype=1)
+    assert pm.MhaBackend(page_size=P, context_len=64, kv_cache_dtype=pm.DType.fp16).page_size == P
+
+
 def test_numpy_bools_where_a_bool_is_expected_are_named():
     """nanobind takes only Python bools for bool arguments: NumPy's are named, not a raw
     TypeError."""
