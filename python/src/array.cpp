@@ -75,14 +75,24 @@ float to_float32(double value, const char* op, const char* name) {
   return narrow;
 }
 
-Device parse_device(const std::string& text, const char* op, const char* name) {
+Device parse_device(nb::handle value, const char* op, const char* name) {
+  // The whole string: c_str() would stop at an embedded NUL ("cpu\0junk" read as "cpu").
+  const nb::str str(value);
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(str.ptr(), &size);
+  if (data == nullptr) {
+    PyErr_Clear();
+    throw_invalid_argument(op, name, "device \"cpu\", \"cuda\" or \"cuda:N\"", nb::repr(value).c_str());
+  }
+  const std::string text(data, static_cast<std::size_t>(size));
   if (text == "cpu") return Device::cpu();
   if (text == "cuda") return Device::cuda(0);
   if (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() < 12 &&
       text.find_first_not_of("0123456789", 5) == std::string::npos) {
     return Device::cuda(std::stoi(text.substr(5)));
   }
-  throw_invalid_argument(op, name, "device \"cpu\", \"cuda\" or \"cuda:N\"", "\"" + text + "\"");
+  throw_invalid_argument(op, name, "device \"cpu\", \"cuda\" or \"cuda:N\"",
+                         text.find('\0') == std::string::npos ? "\"" + text + "\"" : std::string(nb::repr(str).c_str()));
 }
 
 TensorView to_view(const ArrayArg& arg, const char* op, const char* name, Access access) {

@@ -53,8 +53,8 @@ std::optional<DType> dtype_from_dlpack(nb::dlpack::dtype dt);
 float to_float32(double value, const char* op, const char* name);
 
 /// Parses "cpu", "cuda" (device 0) or "cuda:N" (anything whose str() is one of these,
-/// e.g. a torch.device).
-Device parse_device(const std::string& text, const char* op, const char* name);
+/// e.g. a torch.device; the whole str(), embedded NULs included).
+Device parse_device(nb::handle value, const char* op, const char* name);
 
 }  // namespace pagedmha::python
 

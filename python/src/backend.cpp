@@ -199,7 +199,7 @@ BackendConfig make_config(const char* call, int page_size, int context_len, DTyp
   c.kv_cache_dtype = kv_cache_dtype;
   c.out_dtype = out_dtype;
   c.max_bs = max_bs;
-  c.device = parse_device(nb::str(device).c_str(), call, "device");
+  c.device = parse_device(device, call, "device");
   c.spec_num_tokens = spec_num_tokens;
   c.is_draft = is_draft;
   c.draft_block_decode = draft_block_decode;

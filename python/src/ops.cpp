@@ -376,7 +376,7 @@ void bind_ops(nb::module_& m) {
       [](nb::handle device, int64_t batch, int q_len_per_req, int num_q_heads, int num_kv_heads,
          int head_dim) {
         const Device d =
-            parse_device(nb::str(device).c_str(), "decode_workspace_size", "device");
+            parse_device(device, "decode_workspace_size", "device");
         return decode_workspace_size(d, batch, q_len_per_req, num_q_heads, num_kv_heads, head_dim);
       },
       arg("device"), arg("batch"), arg("q_len_per_req"), arg("num_q_heads"), arg("num_kv_heads"),
@@ -386,7 +386,7 @@ void bind_ops(nb::module_& m) {
       "prefill_workspace_size",
       [](nb::handle device, int64_t batch, int64_t total_q) {
         const Device d =
-            parse_device(nb::str(device).c_str(), "prefill_workspace_size", "device");
+            parse_device(device, "prefill_workspace_size", "device");
         return prefill_workspace_size(d, batch, total_q);
       },
       arg("device"), arg("batch"), arg("total_q"), kPrefillWorkspaceDoc);

@@ -26,6 +26,9 @@ def test_device_string_errors_name_create_backend():
     with pytest.raises(pm.Error, match=r'^create_backend: device: expected device "cpu", "cuda" or '
                                        r'"cuda:N", got "tpu"$'):
         pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT, device="tpu")
+    # The whole string: an embedded NUL is not the end of it.
+    with pytest.raises(pm.Error, match=r"^MhaBackend: device: expected device .*, got 'cpu\\x00junk'$"):
+        pm.MhaBackend(page_size=P, context_len=CONTEXT, device="cpu\x00junk")
 
 
 @pytest.mark.skipif(pm.cuda_available(), reason="needs a machine without a usable CUDA device")
