@@ -86,7 +86,13 @@ MhaBackend::MhaBackend(const BackendConfig& config) try : config_(config) {
   host.assign(static_cast<std::size_t>(c.max_bs), c.context_len);
   full_len_buf_ = upload(host, dev, s);
 
-  page_table_buf_ = zeros(max_rows_ * max_num_pages_, dev, s);
+  // Allocation failures name the config field that sized the buffer, not Buffer.
+  try {
+    page_table_buf_ = zeros(max_rows_ * max_num_pages_, dev, s);
+  } catch (const Error&) {
+    fail("config.max_bs", "a page table that fits in memory (max_bs x ceil(context_len / page_size) int32)",
+         str(c.max_bs) + " x " + str(max_num_pages_));
+  }
   spec_seqlens_buf_ = zeros(c.max_bs, dev, s);
   block_seqlens_buf_ = zeros(max_rows_, dev, s);
   ext_meta_buf_ = zeros(3 * int64_t{c.max_bs} + 2, dev, s);
@@ -94,7 +100,13 @@ MhaBackend::MhaBackend(const BackendConfig& config) try : config_(config) {
 
   // Decode workspace: the engine's, or sized here for the config's layer geometry (and
   // grown by register_layers), always before any capture.
-  if (c.workspace_bytes > 0) workspace_ = Buffer(c.workspace_bytes, dev);
+  if (c.workspace_bytes > 0) {
+    try {
+      workspace_ = Buffer(c.workspace_bytes, dev);
+    } catch (const Error&) {
+      fail("config.workspace_bytes", "an allocatable size", std::to_string(c.workspace_bytes));
+    }
+  }
   if (c.num_q_heads != 0 || c.num_kv_heads != 0 || c.head_dim != 0) {
     check_geometry(c.num_q_heads, c.num_kv_heads, c.head_dim, "config.");
     LayerSpec largest;

@@ -89,4 +89,15 @@ TEST(Sizes, BackendMaxBsOutOfRangeNamesTheField) {
   expect_has(error_of([&] { MhaBackend be(c); }), {"config.max_bs", "2147483647"});
 }
 
+// A workspace no allocator gives names the field that sized it, not the internal Buffer.
+TEST(Sizes, BackendUnallocatableWorkspaceNamesTheField) {
+  BackendConfig c;
+  c.page_size = 16;
+  c.context_len = 4096;
+  c.workspace_bytes = ~std::size_t{0};
+  const std::string e = error_of([&] { MhaBackend be(c); });
+  expect_has(e, {"config.workspace_bytes", "allocatable", "18446744073709551615"});
+  EXPECT_EQ(e.find("Buffer"), std::string::npos) << e;
+}
+
 }  // namespace
