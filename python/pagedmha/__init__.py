@@ -160,7 +160,15 @@ def _device_stream(device: str) -> int | None:
             return None
     cupy = _sys.modules.get("cupy")
     if cupy is not None:
-        return cupy.cuda.get_current_stream().ptr
+        # The same for CuPy, whose current stream is per device.
+        index = device[len("cuda:"):] if device.startswith("cuda:") else "0"
+        if not index.isdigit():
+            return None
+        try:
+            with cupy.cuda.Device(int(index)):
+                return cupy.cuda.get_current_stream().ptr
+        except Exception:  # CuPy's CUDA errors have no common base class but Exception
+            return None
     return None
 
 

@@ -107,3 +107,35 @@ def test_config_and_batch_consistency():
                                        r"value > 0, got 0$"):
         backend.forward_decode(q, None, None, layer, cache, cache, None, 1, out)
     assert np.all(np.isnan(out))
+
+
+def test_default_stream_from_cupy_is_the_devices_own(monkeypatch):
+    """Without torch, a CUDA device's default stream is CuPy's current stream of that
+    device (CuPy keeps one per device); a device CuPy cannot enter, or a malformed name,
+    leaves the choice to the library (None) instead of raising CuPy's error."""
+    import sys
+    import types
+
+    current = {"device": 0}
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            if self.index > 1:
+                raise RuntimeError("cudaErrorInvalidDevice")
+            self.outer, current["device"] = current["device"], self.index
+
+        def __exit__(self, *exc):
+            current["device"] = self.outer
+
+    cuda = types.SimpleNamespace(Device=Device,
+                                 get_current_stream=lambda: types.SimpleNamespace(ptr=1000 + current["device"]))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert pm._device_stream("cuda:1") == 1001
+    assert pm._device_stream("cuda") == 1000
+    assert pm._device_stream("cuda:7") is None
+    assert pm._device_stream("cuda:x") is None
+    assert pm._device_stream("cpu") is None
