@@ -54,11 +54,8 @@ namespace {
 Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (bytes == 0) return;
   if (device.is_cpu()) {
-    // Rounded up to the alignment: sizes within 63 bytes of 2^64 would wrap to 0.
-    if (bytes > std::numeric_limits<std::size_t>::max() - 63) {
-      throw Error("Buffer: bytes: expected an allocatable size, got " + std::to_string(bytes));
-    }
-    data_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    // Rounded up to the alignment; sizes within 63 bytes of 2^64 would wrap to 0.
+    if (bytes <= std::numeric_limits<std::size_t>::max() - 63) data_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!data_) throw Error("Buffer: bytes: expected an allocatable size, got " + std::to_string(bytes));
   } else {
 #if PAGEDMHA_WITH_CUDA

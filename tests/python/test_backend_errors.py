@@ -139,3 +139,25 @@ def test_default_stream_from_cupy_is_the_devices_own(monkeypatch):
     assert pm._device_stream("cuda:7") is None
     assert pm._device_stream("cuda:x") is None
     assert pm._device_stream("cpu") is None
+
+
+def test_page_table_that_cannot_be_allocated_names_max_bs():
+    """A page table past the memory there is (max_bs x pages int32) names config.max_bs, not
+    the internal Buffer. Run in a child process whose address space is capped at 4 GiB, so
+    the 4 GiB table cannot be allocated on any machine."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import resource, pagedmha as pm\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+            "try:\n"
+            "    pm.create_backend('pagedmha', page_size=16, context_len=1 << 18, max_bs=1 << 16)\n"
+            "except pm.Error as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    message = out.stdout.strip()
+    assert message.startswith("create_backend: max_bs: expected a page table that fits in memory"), message
+    assert message.endswith("got 65536 x 16384") and "Buffer" not in message, message
