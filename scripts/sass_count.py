@@ -41,9 +41,10 @@ Per kernel: the template instance read from the demangled AttentionTraits<D, T, 
 MT, KW, ...> (c++filt), keys per tile BN = KW * (4 / WM) with KW's default as in
 attention_mainloop.cuh, the loop's count, the count per phase, and instructions per key:
 each warp runs the loop body once per tile for its KW keys, so count / KW per warp. For
-decode_sm90_kernel<D, T, KV, rows> KW (and BN, a warp's tile) comes from SM90_KW below
-(the defaults of decode_sm90/policy.h), WM is reported as 1 and the row tile (16, or 8
-for the operand-swapped tile) as rows.
+decode_sm90_kernel<D, T, KV, rows, heads> KW (and BN, a warp's tile) comes from SM90_KW
+below (the defaults of decode_sm90/policy.h), WM is reported as 1 and the row tile (16,
+or 8 for the operand-swapped tile) as rows, times the KV heads of a work item when two
+(fp8 D = 64: rows=8x2; the instructions per key are then per key and head).
 
   python3 scripts/sass_count.py build/cuda/src/CMakeFiles/pagedmha.dir/cuda/decode/*.o --json counts.json
 
@@ -147,21 +148,23 @@ def key_tile_loop(ins):
 _TYPES = {"__nv_bfloat16": "bf16", "__half": "fp16", "__nv_fp8_e4m3": "fp8", "__nv_fp8_e5m2": "fp8e5m2"}
 
 
-SM90_KW = {64: 32, 128: 16}  # decode_sm90/policy.h defaults for 16-bit caches; fp8: 32, 64 at D = 64 with 8 rows
+SM90_KW = {64: 32, 128: 16}  # decode_sm90/policy.h defaults for 16-bit caches; fp8: 32, 64 at D = 64 with 8 rows of one head
 
 
 def traits(demangled):
     """The instance of AttentionTraits<D, T, KV, WM, MT = 1, KW = 0, ...> in a demangled
     kernel name, with KW's default resolved and BN = KW * (4 / WM), or of
-    decode_sm90_kernel<D, T, KV, rows> (KW from SM90_KW, BN = KW: one warp's tile); None if absent."""
+    decode_sm90_kernel<D, T, KV, rows, heads> (KW from SM90_KW, BN = KW: one warp's tile); None if absent."""
     t = lambda s: _TYPES.get(s.split("::")[-1], s.split("::")[-1])
-    m = re.search(r"decode_sm90_kernel<(\d+), ([\w:]+)(?:, ([\w:]+))?(?:, (\d+))?>", demangled)
+    m = re.search(r"decode_sm90_kernel<(\d+), ([\w:]+)(?:, ([\w:]+))?(?:, (\d+))?(?:, (\d+))?>", demangled)
     if m:
         d = int(m.group(1))
         kv = t(m.group(3) or m.group(2))
         rows = int(m.group(4) or 16)
-        kw = (64 if d == 64 and rows == 8 else 32) if kv == "fp8" else SM90_KW.get(d, 32)
-        return {"D": d, "T": t(m.group(2)), "KV": kv, "WM": 1, "MT": 1, "KW": kw, "BN": kw, "rows": rows}
+        heads = int(m.group(5) or 1)
+        kw = (64 if d == 64 and rows == 8 and heads == 1 else 32) if kv == "fp8" else SM90_KW.get(d, 32)
+        return {"D": d, "T": t(m.group(2)), "KV": kv, "WM": 1, "MT": 1, "KW": kw, "BN": kw,
+                "rows": rows if heads == 1 else f"{rows}x{heads}", "heads": heads}
     m = re.search(r"AttentionTraits<(\d+), ([\w:]+), ([\w:]+), (\d+)((?:, \w+)*)>", demangled)
     if not m:
         return None
@@ -201,8 +204,9 @@ def report(name, demangled, ins):
         "listing": list(zip(body, phases)),
     })
     if tr is not None:
-        row["per_key"] = round(len(body) / tr["KW"], 2)
-        row["per_key_phases"] = {p: round(n / tr["KW"], 2) for p, n in row["phases"].items()}
+        keys = tr["KW"] * tr.get("heads", 1)
+        row["per_key"] = round(len(body) / keys, 2)
+        row["per_key_phases"] = {p: round(n / keys, 2) for p, n in row["phases"].items()}
     return row
 
 

@@ -41,7 +41,9 @@ namespace pagedmha::cuda::sm90 {
 
 /// Passed as a __grid_constant__ parameter (TMA reads the tensor maps from it).
 struct DecodeSm90Params {
-  CUtensorMap tm_k;  // [pages][page_size][Hkv][D], boxes [1][geo.box_rows][1][64 or fp8 D] (policy.h kPanels)
+  // [pages][page_size][Hkv / n][n D] for n = Pol::kItemHeads, boxes [1][geo.box_rows][1][64 or fp8 n D]
+  // (policy.h kPanels)
+  CUtensorMap tm_k;
   CUtensorMap tm_v;
   AttentionArgs a;
   PageGeometry geo;
@@ -75,7 +77,8 @@ struct DecodeSmem {
 
 /// The work items of a batch as one warp walks them, 32 requests at a time: lane j holds
 /// request base + j's length, split count and the inclusive prefix of items (splits x
-/// KV heads) within the window. Items are visited in increasing order.
+/// KV heads / kItemHeads) within the window. Items are visited in increasing order.
+template <int kItemHeads>
 struct RequestScan {
   int base = 0, before = 0;  // first request of the window; items of the requests before it
   int len = 0, count = 0, incl = 0;
@@ -85,7 +88,7 @@ struct RequestScan {
     base = first;
     len = b < a.batch ? max(a.seq_lens[b], 0) : 0;
     count = b < a.batch ? decode_split(a, len).count : 0;
-    int x = count * a.num_kv_heads;
+    int x = count * (a.num_kv_heads / kItemHeads);
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const int y = __shfl_up_sync(0xffffffffu, x, o);
@@ -115,10 +118,27 @@ struct RequestScan {
   }
 };
 
+/// Row r of a work item of kItemHeads KV heads from kv_head: with one, DecodeRows' row r;
+/// with two, row r % kTileRows of KV head kv_head + r / kTileRows (each head's rows on its
+/// own tile, row_tile.cuh RowTileN).
+template <class Pol>
+struct ItemRows {
+  const AttentionArgs& a;
+  int b, kv_head, L;
+
+  __device__ RowDesc operator()(int r) const {
+    if constexpr (Pol::kItemHeads == 1) {
+      return DecodeRows{a, b, kv_head, 0, L}(r);
+    } else {
+      return DecodeRows{a, b, kv_head + r / Pol::kTileRows, 0, L}(r % Pol::kTileRows);
+    }
+  }
+};
+
 /// One work item: the rows' visible keys and the item's key tiles (tiles of kTileKeys
 /// keys, a stage each; decode_split with a.split_tile = kTileKeys).
 struct WarpItem {
-  int b, kv_head, split, count, L;
+  int b, kv_head, split, count, L;  // kv_head: the item's first
   int lo, hi;            // keys any valid row sees (loaded)
   int full_lo, full_hi;  // keys every valid row sees (tiles inside skip the mask)
   int t0, t1;            // the item's tiles [t0, t1)
@@ -132,12 +152,13 @@ __device__ __forceinline__ WarpItem warp_item(const AttentionArgs& a, int b, int
   it.b = b;
   it.count = count;
   it.L = L;
-  // One row chunk (G * q_len <= kRows).
-  it.split = Pol::kHeadsFastest ? local / a.num_kv_heads : local % count;
-  it.kv_head = Pol::kHeadsFastest ? local % a.num_kv_heads : local / count;
+  // One row chunk (G * q_len <= kTileRows).
+  const int units = a.num_kv_heads / Pol::kItemHeads;
+  it.split = Pol::kHeadsFastest ? local / units : local % count;
+  it.kv_head = (Pol::kHeadsFastest ? local % units : local / count) * Pol::kItemHeads;
   const int lane = threadIdx.x & 31;
   constexpr int kLaneRows = Pol::kRows > 16 ? 32 : 16;
-  const DecodeRows rows{a, b, it.kv_head, 0, L};
+  const ItemRows<Pol> rows{a, b, it.kv_head, L};
   const RowDesc d = rows(lane & (kLaneRows - 1));
   const bool valid = lane < kLaneRows && d.valid;
   it.row_lo = valid ? d.lo : 0;
@@ -165,7 +186,7 @@ template <class Pol, class T>
 struct DecodeWarp {
   static constexpr int D = Pol::kHeadDim, KW = Pol::KW, S = Pol::kStages, W = Pol::kWarps, R = Pol::kRows;
   static constexpr int TK = Pol::kTileKeys;  // rows of a stage
-  using Tile = std::conditional_t<Pol::kRows == 8, RowTileN<Pol, T>, RowTileM<Pol, T, Pol::kRows / 16>>;
+  using Tile = std::conditional_t<Pol::kTileRows == 8, RowTileN<Pol, T>, RowTileM<Pol, T, Pol::kTileRows / 16>>;
   static constexpr int MT = Tile::MT, NS = Tile::NS, NA = Tile::NA;
   using Softmax = OnlineSoftmax<typename Tile::Frag>;
   const DecodeSm90Params& p;
@@ -177,7 +198,7 @@ struct DecodeWarp {
     const AttentionArgs& a = p.a;
     const DeviceVariant<> var{a};
     PipeState<S> st;
-    RequestScan scan;
+    RequestScan<Pol::kItemHeads> scan;
     scan.load(a, 0);
     // Q of the next item is loaded while this one runs (Pol::kQPrefetch): its latency
     // is off the item's start.
@@ -188,11 +209,11 @@ struct DecodeWarp {
     bool more = scan.locate(a, item, b, local, cnt, L);
     if (Pol::kQPrefetch && more) {
       next = warp_item<Pol>(a, b, local, cnt, L);
-      Tile::load_q(a, DecodeRows{a, next.b, next.kv_head, 0, next.L}, lane, q_next);
+      Tile::load_q(a, ItemRows<Pol>{a, next.b, next.kv_head, next.L}, lane, q_next);
     }
     while (more) {
       const WarpItem it = Pol::kQPrefetch ? next : warp_item<Pol>(a, b, local, cnt, L);
-      const DecodeRows rows{a, it.b, it.kv_head, 0, it.L};
+      const ItemRows<Pol> rows{a, it.b, it.kv_head, it.L};
       uint32_t q[MT][D / 16][NQ];
       if constexpr (Pol::kQPrefetch) {
 #pragma unroll
@@ -210,7 +231,7 @@ struct DecodeWarp {
       more = scan.locate(a, item, b, local, cnt, L);
       if (Pol::kQPrefetch && more) {
         next = warp_item<Pol>(a, b, local, cnt, L);
-        Tile::load_q(a, DecodeRows{a, next.b, next.kv_head, 0, next.L}, lane, q_next);
+        Tile::load_q(a, ItemRows<Pol>{a, next.b, next.kv_head, next.L}, lane, q_next);
       }
       float acc[MT][NA][4];
       Softmax smx[MT];
@@ -263,9 +284,9 @@ struct DecodeWarp {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) smx[mt].finish();
       if (it.count == 1) {
-        epilogue(smx, acc, DirectOut<T, DecodeRows>{a, rows});
+        epilogue(smx, acc, DirectOut<T, ItemRows<Pol>>{a, rows});
       } else {
-        epilogue(smx, acc, PartialOut<D, DecodeRows>{a, rows, it.split});
+        epilogue(smx, acc, PartialOut<D, ItemRows<Pol>>{a, rows, it.split});
       }
     }
   }
@@ -362,7 +383,7 @@ struct DecodeRingProducer {
   __device__ void run() {
     const AttentionArgs& a = p.a;
     const PageGeometry& g = p.geo;
-    RequestScan scan;
+    RequestScan<Pol::kItemHeads> scan;
     scan.load(a, 0);
     PipeState<Pol::kStages> st;
     for (int item = blockIdx.x;; item += gridDim.x) {
@@ -386,10 +407,10 @@ struct DecodeRingProducer {
         __syncwarp();
         if (mine) {
           const uint32_t off = c * TK * Pol::kBoxRowBytes + (pos - tile * TK) * Pol::kBoxRowBytes;
-          tma_load_4d(&p.tm_k, sm.full(st.slot), sm.k(st.slot) + off, c * 64, it.kv_head, g.row(pos), page,
-                      kEvictFirst);
-          tma_load_4d(&p.tm_v, sm.full(st.slot), sm.v(st.slot) + off, c * 64, it.kv_head, g.row(pos), page,
-                      kEvictFirst);
+          // The tensor maps' head coordinate counts items' heads (paged_kv.cuh kv_tensor_maps).
+          const int head = it.kv_head / Pol::kItemHeads;
+          tma_load_4d(&p.tm_k, sm.full(st.slot), sm.k(st.slot) + off, c * 64, head, g.row(pos), page, kEvictFirst);
+          tma_load_4d(&p.tm_v, sm.full(st.slot), sm.v(st.slot) + off, c * 64, head, g.row(pos), page, kEvictFirst);
         }
         st.advance();
         page = next;
@@ -398,12 +419,12 @@ struct DecodeRingProducer {
   }
 };
 
-template <int D, class T, class KV, int kRows>
-__global__ void __launch_bounds__(DecodePolicy<D, sizeof(KV) == 1, kRows>::kThreads,
-                                  DecodePolicy<D, sizeof(KV) == 1, kRows>::kCtasPerSm)
+template <int D, class T, class KV, int kRows, int kItemHeads = 1>
+__global__ void __launch_bounds__(DecodePolicy<D, sizeof(KV) == 1, kRows, kItemHeads>::kThreads,
+                                  DecodePolicy<D, sizeof(KV) == 1, kRows, kItemHeads>::kCtasPerSm)
     decode_sm90_kernel(const __grid_constant__ DecodeSm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Pol = DecodePolicy<D, sizeof(KV) == 1, kRows>;
+  using Pol = DecodePolicy<D, sizeof(KV) == 1, kRows, kItemHeads>;
   extern __shared__ char smem_raw[];
   const DecodeSmem<Pol> sm(smem_raw);
   const int tid = threadIdx.x;

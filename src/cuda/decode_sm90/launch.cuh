@@ -30,17 +30,21 @@ extern template void launch_decode_merge<128, __half>(const AttentionArgs&, int,
 
 namespace sm90 {
 
-/// Runs batch_decode on the Hopper kernel with kRows-row tiles (a: the launcher's
-/// arguments, split policy set; KV: T or fp8_e4m3); false, with nothing launched, when
-/// the cache's layout takes no TMA box.
-template <int D, class T, class KV, int kRows>
+/// Runs batch_decode on the Hopper kernel with kRows-row tiles and kItemHeads KV heads per
+/// work item (a: the launcher's arguments, split policy set; KV: T or fp8_e4m3); false,
+/// with nothing launched, when the cache's layout takes no TMA box (of kItemHeads heads).
+template <int D, class T, class KV, int kRows, int kItemHeads = 1>
 bool run_decode_rows(const detail::AttentionProblem& prob, const AttentionArgs& args, int sm_count,
                      cudaStream_t stream) {
   constexpr bool kFp8 = sizeof(KV) == 1;
-  using Pol = DecodePolicy<D, kFp8, kRows>;
+  using Pol = DecodePolicy<D, kFp8, kRows, kItemHeads>;
+  constexpr auto kernel = decode_sm90_kernel<D, T, KV, kRows, kItemHeads>;
   if (args.group * args.q_len_per_req > kRows) return false;
   DecodeSm90Params p{};
-  if (!kv_tensor_maps<D, T, kFp8>(prob.kv, Pol::kTileKeys, p.tm_k, p.tm_v, p.geo, /*fp8_swizzled=*/true)) return false;
+  if (!kv_tensor_maps<D, T, kFp8>(prob.kv, Pol::kTileKeys, p.tm_k, p.tm_v, p.geo, /*fp8_swizzled=*/true,
+                                  kItemHeads)) {
+    return false;
+  }
   p.a = args;
   p.a.split_tile = Pol::kTileKeys;
   p.a.row_chunks = 1;
@@ -48,17 +52,16 @@ bool run_decode_rows(const detail::AttentionProblem& prob, const AttentionArgs& 
   // memory limit raised: a grid of more would run in two waves.
   static std::atomic<int> per_sm_cache[kMaxDevices];
   const int per_sm = once_per_device(per_sm_cache, prob.device.index, [] {
-    allow_dynamic_smem(decode_sm90_kernel<D, T, KV, kRows>, Pol::kSmemBytes);
+    allow_dynamic_smem(kernel, Pol::kSmemBytes);
     int n = 0;
-    PAGEDMHA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_sm90_kernel<D, T, KV, kRows>,
-                                                                      Pol::kThreads, Pol::kSmemBytes));
+    PAGEDMHA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Pol::kThreads, Pol::kSmemBytes));
     return std::clamp(n, 1, Pol::kCtasPerSm);
   });
   const int max_count = decode_max_split_count(p.a);
-  const int64_t max_items = static_cast<int64_t>(p.a.batch) * p.a.num_kv_heads * max_count;
+  const int64_t max_items = static_cast<int64_t>(p.a.batch) * (p.a.num_kv_heads / kItemHeads) * max_count;
   const int grid = static_cast<int>(decode_grid_ctas(max_items, int64_t{units_left(sm_count, prob.sm_margin)} * per_sm));
   if (grid == 0) return true;  // no request
-  decode_sm90_kernel<D, T, KV, kRows><<<grid, Pol::kThreads, Pol::kSmemBytes, stream>>>(p);
+  kernel<<<grid, Pol::kThreads, Pol::kSmemBytes, stream>>>(p);
   PAGEDMHA_CUDA_CHECK_LAUNCH();
   if (max_count > 1) launch_decode_merge<D, T>(p.a, max_count, prob.device.index, stream);
   return true;
@@ -71,6 +74,13 @@ bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& args,
   if (!decode_sm90_rows_ok(D, args.group, args.q_len_per_req, args.q_fp8)) return false;
   switch (decode_sm90_row_tile(args.group, args.q_len_per_req)) {
     case 8:
+      // Two KV heads per item where the cache allows (policy.h kItemHeads), else one.
+      if constexpr (sizeof(KV) == 1 && D == 64) {
+        if (decode_sm90_pairs_ok(D, true, args.num_kv_heads) &&
+            run_decode_rows<D, T, KV, 8, 2>(prob, args, sm_count, stream)) {
+          return true;
+        }
+      }
       return run_decode_rows<D, T, KV, 8>(prob, args, sm_count, stream);
     case 16:
       return run_decode_rows<D, T, KV, 16>(prob, args, sm_count, stream);

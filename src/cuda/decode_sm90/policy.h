@@ -84,6 +84,11 @@
 #ifndef PAGEDMHA_DECODE_SM90_KW32
 #define PAGEDMHA_DECODE_SM90_KW32 0
 #endif
+// PAGEDMHA_DECODE_SM90_PAIRS=0 gives fp8 D = 64 caches one KV head per work item
+// (DecodePolicy kItemHeads below) where the heads of a token are adjacent.
+#ifndef PAGEDMHA_DECODE_SM90_PAIRS
+#define PAGEDMHA_DECODE_SM90_PAIRS 1
+#endif
 
 namespace pagedmha::cuda::sm90 {
 
@@ -98,9 +103,11 @@ constexpr int kDecodeSm90MaxStages = 8;
 /// Ring stages that fit a CTA's share of the SM's shared memory (228 KB per SM, 1 KB of it
 /// reserved per CTA) after the alignment slack, the two epilogue buffers, the statistics
 /// and the barriers (DecodePolicy's layout, DecodeSmem in kernel.cuh).
-constexpr int decode_sm90_stages_fit(int D, int row_bytes, int rows, int ctas, int warps, int kw) {
+/// `rows`: the item's rows (row_tile per KV head, times its KV heads); `row_bytes`: the
+/// item's K or V bytes of one key.
+constexpr int decode_sm90_stages_fit(int D, int row_bytes, int rows, int row_tile, int ctas, int warps, int kw) {
   const int smem_per_cta = ctas == 1 ? 227 * 1024 : 228 * 1024 / ctas - 1024;
-  const int epilogue = 2 * rows * decode_sm90_o_stride(D, rows) * 4, stats = (2 * warps * rows + rows) * 4;
+  const int epilogue = 2 * rows * decode_sm90_o_stride(D, row_tile) * 4, stats = (2 * warps * rows + rows) * 4;
   return (smem_per_cta - 1024 - epilogue - stats - 2 * kDecodeSm90MaxStages * 8) / (2 * warps * kw * row_bytes);
 }
 
@@ -110,14 +117,22 @@ constexpr int decode_sm90_stages_fit(int D, int row_bytes, int rows, int ctas, i
 /// mbarrier per stage) across item boundaries without draining: the loads of the next
 /// item run during this item's last tiles and epilogue (the portable decode refills and
 /// drains its pipeline per item: docs/perf-notes/decode.md, "What is in the way").
-template <int D, bool kFp8Kv = false, int kRowTile = 16>
+template <int D, bool kFp8Kv = false, int kRowTile = 16, int kHeadsPerItem = 1>
 struct DecodePolicy {
   static constexpr int kHeadDim = D;
   // fp8 e4m3 caches: the raw bytes go through the ring (half the bytes of a 16-bit stage)
   // in the swizzle the portable fp8 fragments read (common/fp8_fragments.cuh: K converted
   // in registers for Q K^T in T, V for P V in fp16), Q loaded in that dim order.
   static constexpr bool kFp8 = kFp8Kv;
-  static constexpr int kRowBytes = D * (kFp8 ? 1 : 2);  // one key of K or V in the ring
+  // KV heads of a work item. Two for fp8 at D = 64 where a token's heads are adjacent
+  // (NHD): a head's 64-byte row is half a 128-byte line, and items of one head each read
+  // the lines' halves at different times. ncu at gpt-oss fp8 128 x 32k counted 1.47x the
+  // cache's bytes from DRAM (H100 s32run4; 1.7x on the H200 with heads walked one by one,
+  // s17run4). An item of two adjacent heads loads whole 128-byte rows (one TMA box of
+  // both heads), and each head keeps its own 8-row tile over its half of the row
+  // (row_tile.cuh RowTileN): no padding, the same mma and conversions per byte.
+  static constexpr int kItemHeads = kHeadsPerItem;
+  static constexpr int kRowBytes = kItemHeads * D * (kFp8 ? 1 : 2);  // one key of K or V in the ring
   // fp8: S = Q K^T in fp16 whatever the query dtype, as the Hopper prefill
   // (prefill_sm90/policy.h kMmaF16): each K pair converts with one F2FP where bf16 takes
   // ~4 integer / HMUL2 instructions per value; a bf16 query is rounded to fp16 once per
@@ -138,10 +153,10 @@ struct DecodePolicy {
   // stages of their shape fit.
   static constexpr int kCtas0 = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_CTAS : PAGEDMHA_DECODE_SM90_CTAS;
   static constexpr int kKwKnob = kFp8 && D == 64 ? PAGEDMHA_DECODE_SM90_FP8_KW : PAGEDMHA_DECODE_SM90_KW;
-  static constexpr int kKw0 = kKwKnob > 0                                                           ? kKwKnob
-                              : kFp8 && D == 64 && kRowTile == 8 && PAGEDMHA_DECODE_SM90_WARPS <= 4 ? 64
-                              : kRowBytes > 128 && (PAGEDMHA_DECODE_SM90_WARPS > 4 || kCtas0 > 1)  ? 16
-                                                                                                    : 32;
+  static constexpr int kKw0 = kKwKnob > 0 ? kKwKnob
+                              : kFp8 && kRowBytes == 64 && kRowTile == 8 && PAGEDMHA_DECODE_SM90_WARPS <= 4 ? 64
+                              : kRowBytes > 128 && (PAGEDMHA_DECODE_SM90_WARPS > 4 || kCtas0 > 1)            ? 16
+                                                                                                              : 32;
   static constexpr int kCtas8 = PAGEDMHA_DECODE_SM90_CTAS8 > 0 ? PAGEDMHA_DECODE_SM90_CTAS8 : kCtas0;
   static constexpr int kKw8 = PAGEDMHA_DECODE_SM90_KW8 > 0 ? PAGEDMHA_DECODE_SM90_KW8 : kKw0;
   // 32 rows (two m16 tiles: twice the S, O and Q registers of 16): 16 keys per warp tile
@@ -152,7 +167,8 @@ struct DecodePolicy {
   // 16 keys fit without spills and are 7% slower.
   static constexpr int kKw32 = PAGEDMHA_DECODE_SM90_KW32 > 0 ? PAGEDMHA_DECODE_SM90_KW32 : kFp8 ? 32 : 16;
   static constexpr bool kKnobs8 =
-      kRowTile == 8 && decode_sm90_stages_fit(D, kRowBytes, 8, kCtas8, PAGEDMHA_DECODE_SM90_WARPS, kKw8) >= 2;
+      kRowTile == 8 &&
+      decode_sm90_stages_fit(D, kRowBytes, 8 * kItemHeads, 8, kCtas8, PAGEDMHA_DECODE_SM90_WARPS, kKw8) >= 2;
   // Four consumer warps per CTA, with two CTAs: two warps per SMSP, as eight warps in one
   // CTA had (with one warp per SMSP every dependent step of a tile, ldmatrix -> mma chains,
   // the softmax's shuffles and ex2, is exposed; H200 sixth session runs 2 and 3).
@@ -178,7 +194,10 @@ struct DecodePolicy {
   // fill M, and at G = 8 nothing is padding where the 16-row tile is half padding); 32
   // rows (G = 8 at q_len 4: gpt-oss verify) as two m16 tiles that share every K and V
   // fragment read, at D = 64 only (D = 128's O would take 128 registers).
-  static constexpr int kRows = kRowTile;
+  // With two KV heads per item each has its own 8-row tile: kRows counts the item's rows
+  // (the epilogue's), kRowTile one head's.
+  static constexpr int kTileRows = kRowTile;
+  static constexpr int kRows = kRowTile * kItemHeads;
   // Keys per warp tile: 32 (16-row S in 16 registers: half the per-tile costs of 16 keys, the
   // barrier wait, row maxima and rescale test); 16 for 256-byte rows (16-bit D = 128)
   // with eight warps or two CTAs per SM, where 32 would leave room for one 64 KB stage
@@ -206,7 +225,7 @@ struct DecodePolicy {
   // A buffer per warp (two CTA barriers per item instead of W / 2 + 1, for 17 KB more at
   // D = 128): -5% to +2%, windows and the TP-8 rank slower (s14run1).
   static constexpr int kEpiBuffers = 2;
-  static constexpr int kOStride = decode_sm90_o_stride(D, kRows);
+  static constexpr int kOStride = decode_sm90_o_stride(D, kRowTile);
   static constexpr int kEpiBytes = kEpiBuffers * kRows * kOStride * 4;
   static constexpr int kStatBytes = (2 * kWarps * kRows + kRows) * 4;
   static constexpr int kMaxStages = kDecodeSm90MaxStages;
@@ -215,7 +234,7 @@ struct DecodePolicy {
   // 16 rows 2 at D = 128 (16-bit and fp8), 3 at 16-bit D = 64, 6 at fp8 D = 64; 8 rows
   // (smaller epilogue buffers) 3 for each.
   static constexpr int kSmemPerCta = kCtasPerSm == 1 ? 227 * 1024 : 228 * 1024 / kCtasPerSm - 1024;
-  static constexpr int kStagesFit = decode_sm90_stages_fit(D, kRowBytes, kRows, kCtasPerSm, kWarps, KW);
+  static constexpr int kStagesFit = decode_sm90_stages_fit(D, kRowBytes, kRows, kRowTile, kCtasPerSm, kWarps, KW);
   static constexpr int kStages = PAGEDMHA_DECODE_SM90_STAGES > 0 ? PAGEDMHA_DECODE_SM90_STAGES
                                  : kStagesFit < kMaxStages      ? kStagesFit
                                                                 : kMaxStages;
@@ -223,7 +242,9 @@ struct DecodePolicy {
       1024 /* alignment */ + kStages * kStageBytes + kEpiBytes + kStatBytes + kBarrierBytes;
 
   static_assert(D == 64 || D == 128, "head dims of the Hopper decode (D = 256 stays portable)");
-  static_assert(kRows == 8 || kRows == 16 || (kRows == 32 && D == 64), "row tiles (row_tile.cuh)");
+  static_assert(kRowTile == 8 || kRowTile == 16 || (kRowTile == 32 && D == 64), "row tiles (row_tile.cuh)");
+  static_assert(kItemHeads == 1 || (kItemHeads == 2 && kFp8 && D == 64 && kRowTile == 8),
+                "two KV heads per item: fp8 D = 64 on 8-row tiles (one 128-byte row of both)");
   static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
   static_assert(kWarps % 2 == 0 && kWarps <= 8, "warp pairs in the epilogue");
   static_assert(kStages >= 2 && kStages <= kMaxStages, "stages");
@@ -247,6 +268,12 @@ constexpr bool kDecodeSm90Fp8 = PAGEDMHA_DECODE_SM90_FP8 != 0;
 inline int decode_sm90_row_tile(int group, int q_len_per_req) {
   const int rows = group * q_len_per_req;
   return PAGEDMHA_DECODE_SM90_SWAP != 0 && rows <= 8 ? 8 : rows <= 16 ? 16 : 32;
+}
+
+/// Whether a call of up to 8 rows per KV head may take items of two KV heads (DecodePolicy
+/// kItemHeads; the cache's layout is kv_tensor_maps' test): fp8 at D = 64, an even count.
+inline bool decode_sm90_pairs_ok(int head_dim, bool kv_fp8, int num_kv_heads) {
+  return PAGEDMHA_DECODE_SM90_PAIRS != 0 && kv_fp8 && head_dim == 64 && num_kv_heads % 2 == 0;
 }
 
 /// Whether a decode call fits here: G * q_len_per_req rows in one row tile (<= 16, or

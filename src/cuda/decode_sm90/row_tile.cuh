@@ -6,12 +6,14 @@
 //   RowTileN<Pol, T>: 8 rows as its N (operand swap), S^T = K Q^T and O^T += V^T P^T with
 //     the keys, then the dims, as M: no padding at G q_len = 8, half the mma, exponentials
 //     and accumulators of RowTileM. P^T's B fragments come from S^T's accumulators by an
-//     8x8 register transpose (movmatrix) per 8 keys.
+//     8x8 register transpose (movmatrix) per 8 keys. With two KV heads per item (fp8
+//     D = 64, policy.h kItemHeads) MT = 2 tiles, one per head over its half of the row.
 // Each gives: Frag (the softmax layout, online_softmax.cuh), the row tiles MT (one
 // softmax state each), the fragment counts NS (S), NA (O) and NQ (Q registers per k16
 // step) per tile, the thread's rows row(mt, h), the lanes that hold a row's statistics,
-// and load_q / qk / pv / to_buffer (the mask: online_softmax.cuh's mask_keys<Frag>). fp8 caches stay raw in the ring and are converted in registers
-// (common/fp8_fragments.cuh), S in QkT (policy.h kQkF16), P and V in fp16.
+// and load_q / qk / pv / to_buffer (the mask: online_softmax.cuh's mask_keys<Frag>).
+// fp8 caches stay raw in the ring and are converted in registers (common/fp8_fragments.cuh),
+// S in QkT (policy.h kQkF16), P and V in fp16.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -107,8 +109,8 @@ struct RowTileM : RowTileBase<Pol, T> {
   __device__ static bool holds_stats(int lane) { return (lane & 3) == 0; }
 
   /// Q of rows 16 mt + g and + 8 as A fragments (in T: to_qk before the mma).
-  __device__ static void load_q(const AttentionArgs& a, const DecodeRows& rows, int lane,
-                                uint32_t (&q)[MT][D / 16][NQ]) {
+  template <class Rows>
+  __device__ static void load_q(const AttentionArgs& a, const Rows& rows, int lane, uint32_t (&q)[MT][D / 16][NQ]) {
     const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -217,45 +219,58 @@ struct RowTileN : RowTileBase<Pol, T> {
   using typename B::QkT;
   using typename B::QRow;
   using Frag = RowsInN;
-  static constexpr int D = B::D, KW = B::KW, TK = B::TK, kRaw = D / 16;
-  static constexpr int MT = 1, kRows = 8, NS = KW / 16, NA = D / 16, NQ = 2;
+  // MT: the item's KV heads (policy.h kItemHeads), one 8-row tile each over its D-dim
+  // part of the ring's fp8 rows (kRaw 16-byte chunks a row; head mt's from mt D / 16).
+  static constexpr int D = B::D, KW = B::KW, TK = B::TK, kRaw = Pol::kChunks;
+  static constexpr int MT = Pol::kItemHeads, kRows = 8, NS = KW / 16, NA = D / 16, NQ = 2;
 
-  __device__ static int row(int /*mt*/, int h, int lane) { return 2 * (lane & 3) + h; }
+  __device__ static int row(int mt, int h, int lane) { return 8 * mt + 2 * (lane & 3) + h; }
   __device__ static bool holds_stats(int lane) { return lane < 4; }
 
-  /// Q of row g as B fragments (k: dims, n: rows; in T: to_qk before the mma).
-  __device__ static void load_q(const AttentionArgs& a, const DecodeRows& rows, int lane,
-                                uint32_t (&q)[MT][D / 16][NQ]) {
-    const QRow r(a, rows(lane >> 2));
+  /// Q of row g of each tile as B fragments (k: dims, n: rows; in T: to_qk before the
+  /// mma).
+  template <class Rows>
+  __device__ static void load_q(const AttentionArgs& a, const Rows& rows, int lane, uint32_t (&q)[MT][D / 16][NQ]) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      q[0][kk][0] = r(kk, 0, lane & 3);
-      q[0][kk][1] = r(kk, 1, lane & 3);
+    for (int mt = 0; mt < MT; ++mt) {
+      const QRow r(a, rows(8 * mt + (lane >> 2)));
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        q[mt][kk][0] = r(kk, 0, lane & 3);
+        q[mt][kk][1] = r(kk, 1, lane & 3);
+      }
     }
   }
 
-  /// S^T = K Q^T over the warp tile's KW keys: s[i] holds keys 16i + g (e = 0, 1) and
-  /// 16i + g + 8 (e = 2, 3) of rows 2t (even e) and 2t + 1 (odd e).
+  /// S^T = K Q^T over the warp tile's KW keys: s[mt][i] holds keys 16i + g (e = 0, 1) and
+  /// 16i + g + 8 (e = 2, 3) of rows 2t (even e) and 2t + 1 (odd e) of tile mt.
   __device__ static void qk(const uint32_t (&qm)[MT][D / 16][NQ], uint32_t k_base, int warp, int lane,
                             float (&sm)[MT][NS][4]) {
-    const uint32_t(&q)[D / 16][NQ] = qm[0];
-    float(&s)[NS][4] = sm[0];
-    B::zero(s);
     if constexpr (Pol::kFp8) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; kk += 2) {
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint32_t(&q)[D / 16][NQ] = qm[mt];
+        float(&s)[NS][4] = sm[mt];
+        B::zero(s);
 #pragma unroll
-        for (int i = 0; i < NS; ++i) {
-          uint32_t b[2][2][2];
-          k_fragments_fp8<QkT, kRaw>(b, k_base, warp * KW + 16 * i, kk, lane);
+        for (int kk = 0; kk < D / 16; kk += 2) {
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const uint32_t ka[4] = {b[j][0][0], b[j][1][0], b[j][0][1], b[j][1][1]};
-            mma_16816<QkT>(s[i], ka, q[kk + j][0], q[kk + j][1]);
+          for (int i = 0; i < NS; ++i) {
+            uint32_t b[2][2][2];
+            k_fragments_fp8<QkT, kRaw>(b, k_base, warp * KW + 16 * i, mt * (D / 16) + kk, lane);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const uint32_t ka[4] = {b[j][0][0], b[j][1][0], b[j][0][1], b[j][1][1]};
+              mma_16816<QkT>(s[i], ka, q[kk + j][0], q[kk + j][1]);
+            }
           }
         }
       }
     } else {
+      static_assert(MT == 1, "16-bit rows: one KV head per item");
+      const uint32_t(&q)[D / 16][NQ] = qm[0];
+      float(&s)[NS][4] = sm[0];
+      B::zero(s);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
@@ -271,50 +286,57 @@ struct RowTileN : RowTileBase<Pol, T> {
     }
   }
 
-  /// O^T += V^T P^T: acc[c] holds dims of the 16-dim chunk c for rows 2t (even e) and
-  /// 2t + 1 (odd e): 16c + g (e = 0, 1) and 16c + g + 8 (e = 2, 3); fp8 (v_fragments_fp8's
-  /// rows) 16c + 2g and 16c + 2g + 1.
+  /// O^T += V^T P^T: acc[mt][c] holds dims of the 16-dim chunk c for rows 2t (even e)
+  /// and 2t + 1 (odd e) of tile mt: 16c + g (e = 0, 1) and 16c + g + 8 (e = 2, 3); fp8
+  /// (v_fragments_fp8's rows) 16c + 2g and 16c + 2g + 1.
   __device__ static void pv(const float (&sm)[MT][NS][4], uint32_t v_base, int warp, int lane,
                             float (&accm)[MT][NA][4]) {
-    const float(&s)[NS][4] = sm[0];
-    float(&acc)[NA][4] = accm[0];
 #pragma unroll
     for (int kk = 0; kk < KW / 16; ++kk) {
-      // P^T's B fragment (k: keys 2t, 2t + 1 and + 8; n: row g) is the transpose of S^T's
-      // 8x8 blocks (keys g / g + 8, rows 2t, 2t + 1).
-      const uint32_t pb0 = movmatrix_trans(pack2<PvT>(s[kk][0], s[kk][1]));
-      const uint32_t pb1 = movmatrix_trans(pack2<PvT>(s[kk][2], s[kk][3]));
-      if constexpr (Pol::kFp8) {
 #pragma unroll
-        for (int c = 0; c < kRaw; c += 2) {
-          uint32_t even[2][2], odd[2][2];
-          v_fragments_fp8<kRaw>(even, odd, v_base, warp * KW + 16 * kk, c, lane);
+      for (int mt = 0; mt < MT; ++mt) {
+        const float(&s)[NS][4] = sm[mt];
+        float(&acc)[NA][4] = accm[mt];
+        // P^T's B fragment (k: keys 2t, 2t + 1 and + 8; n: row g) is the transpose of S^T's
+        // 8x8 blocks (keys g / g + 8, rows 2t, 2t + 1).
+        const uint32_t pb0 = movmatrix_trans(pack2<PvT>(s[kk][0], s[kk][1]));
+        const uint32_t pb1 = movmatrix_trans(pack2<PvT>(s[kk][2], s[kk][3]));
+        if constexpr (Pol::kFp8) {
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const uint32_t va[4] = {even[j][0], odd[j][0], even[j][1], odd[j][1]};
-            mma_16816<__half>(acc[c + j], va, pb0, pb1);
+          for (int c = 0; c < NA; c += 2) {
+            uint32_t even[2][2], odd[2][2];
+            v_fragments_fp8<kRaw>(even, odd, v_base, warp * KW + 16 * kk, mt * NA + c, lane);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const uint32_t va[4] = {even[j][0], odd[j][0], even[j][1], odd[j][1]};
+              mma_16816<__half>(acc[c + j], va, pb0, pb1);
+            }
           }
-        }
-      } else {
-        const int key = kk * 16 + (lane & 7) + ((lane >> 4) << 3);
+        } else {
+          const int key = kk * 16 + (lane & 7) + ((lane >> 4) << 3);
 #pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          // Matrices (transposed): dims 16 dp .. + 7 / + 8 .. + 15 of keys 0-7, then of keys
-          // 8-15: A's a0 .. a3 in the registers ldmatrix writes.
-          uint32_t va[4];
-          ldmatrix_x4_trans(va, v_base + tile_offset(TK, warp * KW + key, 2 * dp + ((lane >> 3) & 1)));
-          mma_16816<T>(acc[dp], va, pb0, pb1);
+          for (int dp = 0; dp < D / 16; ++dp) {
+            // Matrices (transposed): dims 16 dp .. + 7 / + 8 .. + 15 of keys 0-7, then of
+            // keys 8-15: A's a0 .. a3 in the registers ldmatrix writes.
+            uint32_t va[4];
+            ldmatrix_x4_trans(va, v_base + tile_offset(TK, warp * KW + key, 2 * dp + ((lane >> 3) & 1)));
+            mma_16816<T>(acc[dp], va, pb0, pb1);
+          }
         }
       }
     }
   }
 
-  /// buf[row][dim] = (kAdd: +=) acc * f[h] for rows 2t + h (pv's layout: fp8 as float2
-  /// pairs of dims 2g, 2g + 1).
+  /// buf[row][dim] = (kAdd: +=) acc * f[h] for rows 8 mt + 2t + h (pv's layout: fp8 as
+  /// float2 pairs of dims 2g, 2g + 1).
   template <bool kAdd>
   __device__ static void to_buffer(float* buf, const float (&accm)[MT][NA][4], const float (&fm)[MT][2], int lane) {
-    const float(&acc)[NA][4] = accm[0];
-    const float(&f)[2] = fm[0];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) to_buffer_tile<kAdd>(buf + 8 * mt * Pol::kOStride, accm[mt], fm[mt], lane);
+  }
+
+  template <bool kAdd>
+  __device__ static void to_buffer_tile(float* buf, const float (&acc)[NA][4], const float (&f)[2], int lane) {
     const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

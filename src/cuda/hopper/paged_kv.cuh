@@ -69,11 +69,20 @@ constexpr CUtensorMapDataType tensor_map_dtype() {
 /// head (16-bit, 128-byte swizzle) or [kv_box_rows][D] bytes (fp8: unswizzled, or with
 /// fp8_swizzled the swizzle of the raw tiles' fragment reads, common/paged_loader.cuh
 /// swizzle_rows: 128-byte rows at D = 128, 64-byte rows at D = 64). `geo` is set either
-/// way. False when the layout does not allow TMA or the driver refuses the maps.
+/// way. With item_heads = n > 1 (fp8 only) a box row is n adjacent heads' rows, n D bytes
+/// (the decode's items of two KV heads, decode_sm90/policy.h kItemHeads): the head
+/// coordinate counts groups of n, and the cache's heads must be adjacent (head stride D)
+/// and a multiple of n. False when the layout does not allow TMA or the driver refuses
+/// the maps.
 template <int D, class T, bool kFp8>
 bool kv_tensor_maps(const detail::KvCacheDesc& kv, int block_n, CUtensorMap& tm_k, CUtensorMap& tm_v,
-                    PageGeometry& geo, bool fp8_swizzled = false) {
+                    PageGeometry& geo, bool fp8_swizzled = false, int item_heads = 1) {
   const int64_t es = kFp8 ? 1 : 2;
+  if (item_heads > 1 && (!kFp8 || kv.num_kv_heads % item_heads != 0 || kv.k.head_stride != D ||
+                         kv.v.head_stride != D)) {
+    return false;
+  }
+  const int row = D * item_heads;  // elements of a box row
   geo = PageGeometry::make(kv.page_size, kv_box_rows(kv.page_size, block_n));
   if (!kv_tma_ok(kv.page_size, block_n, kv.k.data, kv.v.data, kv.k.page_stride * es, kv.k.token_stride * es,
                  kv.k.head_stride * es, kv.v.page_stride * es, kv.v.token_stride * es, kv.v.head_stride * es,
@@ -83,16 +92,17 @@ bool kv_tensor_maps(const detail::KvCacheDesc& kv, int block_n, CUtensorMap& tm_
   CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
   if (kFp8) {
     swizzle = !fp8_swizzled ? CU_TENSOR_MAP_SWIZZLE_NONE
-              : D == 128    ? CU_TENSOR_MAP_SWIZZLE_128B
-              : D == 64     ? CU_TENSOR_MAP_SWIZZLE_64B
+              : row == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+              : row == 64   ? CU_TENSOR_MAP_SWIZZLE_64B
                             : CU_TENSOR_MAP_SWIZZLE_NONE;
     if (fp8_swizzled && swizzle == CU_TENSOR_MAP_SWIZZLE_NONE) return false;  // rows wider than a swizzle span
   }
-  const uint64_t dims[4] = {uint64_t(D), uint64_t(kv.num_kv_heads), uint64_t(kv.page_size), uint64_t(kv.num_pages)};
-  const uint32_t box[4] = {kFp8 ? uint32_t(D) : 64u, 1, uint32_t(geo.box_rows), 1};
-  const uint64_t ks[3] = {uint64_t(kv.k.head_stride * es), uint64_t(kv.k.token_stride * es),
+  const uint64_t dims[4] = {uint64_t(row), uint64_t(kv.num_kv_heads / item_heads), uint64_t(kv.page_size),
+                            uint64_t(kv.num_pages)};
+  const uint32_t box[4] = {kFp8 ? uint32_t(row) : 64u, 1, uint32_t(geo.box_rows), 1};
+  const uint64_t ks[3] = {uint64_t(kv.k.head_stride * item_heads * es), uint64_t(kv.k.token_stride * es),
                           uint64_t(kv.k.page_stride * es)};
-  const uint64_t vs[3] = {uint64_t(kv.v.head_stride * es), uint64_t(kv.v.token_stride * es),
+  const uint64_t vs[3] = {uint64_t(kv.v.head_stride * item_heads * es), uint64_t(kv.v.token_stride * es),
                           uint64_t(kv.v.page_stride * es)};
   const CUtensorMapDataType dt = kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : tensor_map_dtype<T>();
   return encode_tensor_map(&tm_k, dt, 4, kv.k.data, dims, ks, box, swizzle) &&

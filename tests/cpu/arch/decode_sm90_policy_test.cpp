@@ -34,6 +34,17 @@ TEST(DecodeSm90Policy, RowTileFollowsRowsPerKvHead) {
   EXPECT_FALSE(decode_sm90_rows_ok(64, 4, 1, /*q_fp8=*/true));
 }
 
+// Two KV heads per work item: fp8 caches at D = 64 with an even KV head count only (the
+// cache's layout, adjacent heads, is the tensor maps' test).
+TEST(DecodeSm90Policy, KvHeadPairsOnlyForFp8AtHeadDim64) {
+  EXPECT_TRUE(decode_sm90_pairs_ok(64, /*kv_fp8=*/true, 8));
+  EXPECT_TRUE(decode_sm90_pairs_ok(64, true, 2));
+  EXPECT_FALSE(decode_sm90_pairs_ok(64, true, 1));
+  EXPECT_FALSE(decode_sm90_pairs_ok(64, true, 3));
+  EXPECT_FALSE(decode_sm90_pairs_ok(64, /*kv_fp8=*/false, 8));
+  EXPECT_FALSE(decode_sm90_pairs_ok(128, true, 8));
+}
+
 // Per CTA with two CTAs per SM: 228 KB / 2 - 1 KB = 115712 bytes; minus 1024 (alignment),
 // the epilogue 2 x rows x stride x 4, the statistics (2 x 4 warps x rows + rows) x 4 and
 // 128 bytes of barriers; stages of 2 x 4 warps x KW keys x row bytes.
@@ -42,6 +53,7 @@ TEST(DecodeSm90Policy, TileShapesAndStages) {
     int d, kw, stride, stages, stage_bytes;
     bool fp8;
     int rows;
+    int heads = 1;
   };
   const Row rows[] = {
       // 8 rows: stride D + 4; (115712 - 1024 - 2 x 8 x 68 x 4 - 288 - 128) / 32768 = 3.35
@@ -60,6 +72,9 @@ TEST(DecodeSm90Policy, TileShapesAndStages) {
       {64, 16, 72, 5, 16384, false, 32},
       // fp8, 32 keys of 64-byte rows: the same bytes
       {64, 32, 72, 5, 16384, true, 32},
+      // fp8 D = 64, two KV heads per item: 128-byte rows (both heads), 32 keys, 16 rows of
+      // stride D + 4: (115712 - 1024 - 8704 - 576 - 128) / 32768 = 3.2
+      {64, 32, 68, 3, 32768, true, 8, 2},
   };
   const auto check = [](const Row& r, int kw, int stride, int stages, int stage_bytes, int smem, int per_cta) {
     EXPECT_EQ(kw, r.kw) << "D " << r.d << " fp8 " << r.fp8 << " rows " << r.rows;
@@ -76,7 +91,8 @@ TEST(DecodeSm90Policy, TileShapesAndStages) {
     };
     if (r.d == 64 && !r.fp8 && r.rows == 8) run(DecodePolicy<64, false, 8>{});
     if (r.d == 128 && !r.fp8 && r.rows == 8) run(DecodePolicy<128, false, 8>{});
-    if (r.d == 64 && r.fp8 && r.rows == 8) run(DecodePolicy<64, true, 8>{});
+    if (r.d == 64 && r.fp8 && r.rows == 8 && r.heads == 1) run(DecodePolicy<64, true, 8>{});
+    if (r.d == 64 && r.fp8 && r.rows == 8 && r.heads == 2) run(DecodePolicy<64, true, 8, 2>{});
     if (r.d == 128 && r.fp8 && r.rows == 8) run(DecodePolicy<128, true, 8>{});
     if (r.d == 128 && !r.fp8 && r.rows == 16) run(DecodePolicy<128, false, 16>{});
     if (r.d == 64 && r.fp8 && r.rows == 16) run(DecodePolicy<64, true, 16>{});

@@ -12,7 +12,8 @@
 // - fp8 caches on the Hopper decode's ring (decode_sm90/: raw fp8 stages of 128 keys, 256
 //   at D = 64 on the 8-row tile, in TMA's 128-byte / 64-byte swizzle, Q in the fp8
 //   fragments' dim order), on both row tiles (8 rows, and 16 for G 4 x q_len 4);
-// - 17-32 rows at D = 64 on the Hopper decode's 32-row tile.
+// - 17-32 rows at D = 64 on the Hopper decode's 32-row tile;
+// - fp8 at D = 64 with two KV heads per Hopper decode work item.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -129,6 +130,59 @@ TEST(GpuDecodePaths, VerifyRowsOnThe32RowTile) {
   c.q_len_per_req = 4;
   c.kv_lens = {9000, 4097, 300, 129};
   c.seed = 1750;
+  check_split_counts(c, {0, 3, 40, 128});
+}
+
+// fp8 at D = 64 with two adjacent KV heads per work item on the Hopper decode (one
+// 128-byte TMA row of both heads, an 8-row tile per head: decode_sm90/policy.h
+// kItemHeads; on other GPUs the portable decode): full tiles (G 8), half-empty ones
+// (G 4 and G 2 x q_len 2), 2 to 8 KV heads, sinks that differ per head (a head's rows
+// finished with the other head's sink, or written to its output, would show), soft-cap,
+// windows, lse, page sizes 8 to 256 and the interleaved cache; then one KV head per item
+// where the pair does not apply (3 KV heads, the head-major cache, 16 rows); then split
+// counts, each within an ulp of one split.
+TEST(GpuDecodePaths, Fp8HeadPairsOnTheRing) {
+  REQUIRE_GPU();
+  struct Shape {
+    int hq, hkv, q_len;
+    int page;
+    CacheLayout layout;
+  };
+  const Shape kShapes[] = {
+      {64, 8, 1, 16, CacheLayout::nhd4},  {16, 4, 1, 64, CacheLayout::nhd4},       {8, 2, 2, 256, CacheLayout::nhd4},
+      {16, 2, 1, 8, CacheLayout::interleaved}, {12, 3, 1, 16, CacheLayout::nhd4}, {16, 2, 1, 16, CacheLayout::hnd4},
+      {16, 4, 4, 16, CacheLayout::nhd4},
+  };
+  int i = 0;
+  for (const Shape& sh : kShapes) {
+    for (int variant = 0; variant < 2; ++variant) {
+      AttnCase c = gpu_case();
+      c.D = 64;
+      c.kv_dtype = DType::fp8_e4m3;
+      c.q_dtype = i % 3 == 2 ? DType::fp16 : DType::bf16;
+      c.k_scale = 0.05, c.v_scale = 0.03;
+      c.Hq = sh.hq, c.Hkv = sh.hkv, c.q_len_per_req = sh.q_len;
+      c.page_size = sh.page;
+      c.layout = sh.layout;
+      c.sinks = SinkMode::custom;
+      c.custom_sinks.clear();
+      for (int h = 0; h < c.Hq; ++h) c.custom_sinks.push_back(0.7 * (h % 5) - 1.2);
+      c.window_left = variant == 1 ? 127 : -1;
+      c.release_window_pages = c.window_left >= 0;
+      if (variant == 1) c.soft_cap = 30.0;
+      c.with_lse = variant == 0;
+      c.kv_lens = {1, 127, 128, 129, 255, 256, 257, 1000, 4097, 0, 9000};
+      c.seed = 1800 + i++;
+      check_case(c);
+    }
+  }
+  AttnCase c = gpu_case();
+  c.D = 64;
+  c.kv_dtype = DType::fp8_e4m3;
+  c.k_scale = 0.05, c.v_scale = 0.03;
+  c.Hq = 32, c.Hkv = 4;
+  c.kv_lens = {9000, 4097, 300, 129};
+  c.seed = 1850;
   check_split_counts(c, {0, 3, 40, 128});
 }
 
