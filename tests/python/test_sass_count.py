@@ -154,13 +154,18 @@ def test_traits_and_keys_per_tile():
     # The Hopper decode: one warp's tile, KW from decode_sm90/policy.h's defaults.
     t = SC.traits("void pagedmha::cuda::sm90::decode_sm90_kernel<128, __nv_bfloat16>(pagedmha::cuda::sm90::"
                   "DecodeSm90Params)")
-    assert t == {"D": 128, "T": "bf16", "KV": "bf16", "WM": 1, "MT": 1, "KW": 16, "BN": 16, "rows": 16}
+    assert t == {"D": 128, "T": "bf16", "KV": "bf16", "WM": 1, "MT": 1, "KW": 16, "BN": 16, "rows": 16,
+                 "heads": 1}
     assert SC.traits("decode_sm90_kernel<64, __half>")["KW"] == 32
     # The row tile: 16 rows, or 8 (operand-swapped).
     t = SC.traits("decode_sm90_kernel<64, __nv_bfloat16, __nv_fp8_e4m3, 8>")
     assert (t["KV"], t["KW"], t["rows"]) == ("fp8", 64, 8)
     assert SC.traits("decode_sm90_kernel<64, __half, __nv_fp8_e4m3, 16>")["KW"] == 32
     assert SC.traits("decode_sm90_kernel<128, __half, __half, 16>")["rows"] == 16
+    # Two KV heads per work item (fp8 D = 64): 32 keys of both heads' 128-byte rows.
+    t = SC.traits("decode_sm90_kernel<64, __half, __nv_fp8_e4m3, 8, 2>")
+    assert (t["KW"], t["rows"], t["heads"]) == (32, "8x2", 2)
+    assert SC.traits("decode_sm90_kernel<64, __half, __nv_fp8_e4m3, 8, 1>")["KW"] == 64
 
 
 def test_per_key_normalisation():
@@ -173,6 +178,10 @@ def test_per_key_normalisation():
     assert row["instructions"] == len(PHASED)
     assert row["per_key"] == round(len(PHASED) / 32, 2)  # per warp: KW = 32 keys per tile
     assert row["phases"]["qk"] == 3 and row["per_key_phases"]["qk"] == round(3 / 32, 2)
+    # Two KV heads per item: per key and head.
+    row = SC.report("k", "void pagedmha::cuda::sm90::decode_sm90_kernel<64, __half, __nv_fp8_e4m3, 8, 2>"
+                         "(pagedmha::cuda::sm90::DecodeSm90Params)", instructions(assemble(body)))
+    assert row["per_key"] == round(len(PHASED) / 64, 2)
     assert sum(row["phases"].values()) == len(PHASED)
 
 
