@@ -262,21 +262,32 @@ def _config(config: dict, op: str) -> dict:
     return config
 
 
+def _refuse_constructed(self, op):
+    if _pagedmha._constructed(self):
+        raise Error(f"{op}: self: expected a new object, got one already constructed "
+                    f"(construct another {op} instead of calling __init__ again)")
+
+
 def _config_init(init):
     @_functools.wraps(init)
     def call(self, *args, **config):
+        _refuse_constructed(self, "MhaBackend")
         init(self, *args, **_config(config, "MhaBackend"))
 
     return call
 
 
-def _exporting_init(init):
-    @_functools.wraps(init)
-    def call(self, *args, **kwargs):
-        args, kwargs = _export_all(args, kwargs)
-        init(self, *args, **kwargs)
+def _exporting_init(op):
+    def wrap(init):
+        @_functools.wraps(init)
+        def call(self, *args, **kwargs):
+            _refuse_constructed(self, op)
+            args, kwargs = _export_all(args, kwargs)
+            init(self, *args, **kwargs)
 
-    return call
+        return call
+
+    return wrap
 
 
 # Classes holding arrays: Python subclasses whose constructors export torch tensors (see
@@ -294,8 +305,8 @@ class LayerSpec(_pagedmha.LayerSpec):
 
 
 _checked_method(MhaBackend, "__init__", _config_init, op="MhaBackend")
-_checked_method(ForwardBatch, "__init__", _exporting_init, op="ForwardBatch")
-_checked_method(LayerSpec, "__init__", _exporting_init, op="LayerSpec")
+_checked_method(ForwardBatch, "__init__", _exporting_init("ForwardBatch"), op="ForwardBatch")
+_checked_method(LayerSpec, "__init__", _exporting_init("LayerSpec"), op="LayerSpec")
 
 
 def create_backend(name: str = "pagedmha", *args, **config) -> MhaBackend:

@@ -68,6 +68,10 @@ void bind_types(nb::module_& m) {
   m.def("cuda_available", &cuda_available,
         "True when the library was built with CUDA and a CUDA device is visible.");
   m.def("built_with_cuda", &built_with_cuda, "Whether the library was compiled with its CUDA kernels.");
+  // Whether an instance of an extension class has been constructed: the Python
+  // constructors refuse a second __init__ with pagedmha.Error (nanobind warns and raises a
+  // TypeError listing the signature, as if the arguments were wrong).
+  m.def("_constructed", [](nb::handle obj) { return nb::inst_check(obj) && nb::inst_ready(obj); }, nb::arg("obj"));
 }
 
 }  // namespace

@@ -31,6 +31,25 @@ def test_device_string_errors_name_create_backend():
         pm.MhaBackend(page_size=P, context_len=CONTEXT, device="cpu\x00junk")
 
 
+def test_second_init_of_a_constructed_object_is_refused():
+    # nanobind would warn and raise a TypeError listing the signature, as if the arguments
+    # were wrong; the object stays as it was.
+    backend = pm.create_backend("pagedmha", page_size=P, context_len=CONTEXT)
+    direct = pm.MhaBackend(page_size=8, context_len=CONTEXT)
+    layer = pm.LayerSpec(layer_id=0, num_q_heads=8, num_kv_heads=2, head_dim=64)
+    batch = pm.ForwardBatch(forward_mode=pm.ForwardMode.decode, batch_size=1)
+    again = {"page_size": 16, "context_len": 128}
+    for obj, op, kwargs in ((backend, "MhaBackend", again), (direct, "MhaBackend", again),
+                            (layer, "LayerSpec", {"layer_id": 1, "num_q_heads": 4, "num_kv_heads": 4,
+                                                  "head_dim": 128}),
+                            (batch, "ForwardBatch", {"forward_mode": pm.ForwardMode.extend, "batch_size": 2})):
+        with pytest.raises(pm.Error, match=rf"^{op}: self: expected a new object, got one already constructed"):
+            obj.__init__(**kwargs)
+    assert (backend.page_size, direct.page_size) == (P, 8)
+    assert (layer.layer_id, layer.head_dim) == (0, 64)
+    assert (batch.forward_mode, batch.batch_size) == (pm.ForwardMode.decode, 1)
+
+
 @pytest.mark.skipif(pm.cuda_available(), reason="needs a machine without a usable CUDA device")
 def test_cuda_without_device_or_support_is_one_sentence():
     with pytest.raises(pm.Error) as info:
