@@ -44,7 +44,8 @@ each warp runs the loop body once per tile for its KW keys, so count / KW per wa
 decode_sm90_kernel<D, T, KV, rows, heads> KW (and BN, a warp's tile) comes from SM90_KW
 below (the defaults of decode_sm90/policy.h), WM is reported as 1 and the row tile (16,
 or 8 for the operand-swapped tile) as rows, times the KV heads of a work item when two
-(fp8 D = 64: rows=8x2; the instructions per key are then per key and head).
+(D = 64: rows=8x2, 16 keys per warp for 16-bit caches; the instructions per key are then
+per key and head).
 
   python3 scripts/sass_count.py build/cuda/src/CMakeFiles/pagedmha.dir/cuda/decode/*.o --json counts.json
 
@@ -162,7 +163,8 @@ def traits(demangled):
         kv = t(m.group(3) or m.group(2))
         rows = int(m.group(4) or 16)
         heads = int(m.group(5) or 1)
-        kw = (64 if d == 64 and rows == 8 and heads == 1 else 32) if kv == "fp8" else SM90_KW.get(d, 32)
+        kw = ((64 if d == 64 and rows == 8 and heads == 1 else 32) if kv == "fp8"
+              else 16 if heads == 2 else SM90_KW.get(d, 32))
         return {"D": d, "T": t(m.group(2)), "KV": kv, "WM": 1, "MT": 1, "KW": kw, "BN": kw,
                 "rows": rows if heads == 1 else f"{rows}x{heads}", "heads": heads}
     m = re.search(r"AttentionTraits<(\d+), ([\w:]+), ([\w:]+), (\d+)((?:, \w+)*)>", demangled)

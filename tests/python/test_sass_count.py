@@ -166,6 +166,7 @@ def test_traits_and_keys_per_tile():
     t = SC.traits("decode_sm90_kernel<64, __half, __nv_fp8_e4m3, 8, 2>")
     assert (t["KW"], t["rows"], t["heads"]) == (32, "8x2", 2)
     assert SC.traits("decode_sm90_kernel<64, __half, __nv_fp8_e4m3, 8, 1>")["KW"] == 64
+    assert SC.traits("decode_sm90_kernel<64, __half, __half, 8, 2>")["KW"] == 16
 
 
 def test_per_key_normalisation():

@@ -75,8 +75,8 @@ bool run_decode(const detail::AttentionProblem& prob, const AttentionArgs& args,
   switch (decode_sm90_row_tile(args.group, args.q_len_per_req)) {
     case 8:
       // Two KV heads per item where the cache allows (policy.h kItemHeads), else one.
-      if constexpr (sizeof(KV) == 1 && D == 64) {
-        if (decode_sm90_pairs_ok(D, true, args.num_kv_heads) &&
+      if constexpr (D == 64 && (sizeof(KV) == 1 || kDecodeSm90Pairs16)) {
+        if (decode_sm90_pairs_ok(D, sizeof(KV) == 1, args.num_kv_heads) &&
             run_decode_rows<D, T, KV, 8, 2>(prob, args, sm_count, stream)) {
           return true;
         }

@@ -89,6 +89,11 @@
 #ifndef PAGEDMHA_DECODE_SM90_PAIRS
 #define PAGEDMHA_DECODE_SM90_PAIRS 1
 #endif
+// PAGEDMHA_DECODE_SM90_PAIRS16=1: two KV heads per item for 16-bit D = 64 caches too
+// (experiment: fewer, larger items; no line is shared there).
+#ifndef PAGEDMHA_DECODE_SM90_PAIRS16
+#define PAGEDMHA_DECODE_SM90_PAIRS16 0
+#endif
 
 namespace pagedmha::cuda::sm90 {
 
@@ -208,7 +213,7 @@ struct DecodePolicy {
   static constexpr int KW = kRowTile == 32 ? kKw32 : kKnobs8 ? kKw8 : kKw0;
   // TMA boxes of a row: 64-column panels of 128 bytes (16-bit), or the whole fp8 row
   // (128-byte swizzle at D = 128, 64-byte swizzle at D = 64: paged_kv.cuh kv_tensor_maps).
-  static constexpr int kPanels = kFp8 ? 1 : D / 64;
+  static constexpr int kPanels = kFp8 ? 1 : kRowBytes / 128;
   static constexpr int kBoxRowBytes = kRowBytes / kPanels;
   static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks of a row
   // Keys of a stage (decode_split's tile, a.split_tile): every consumer warp's tile.
@@ -243,8 +248,8 @@ struct DecodePolicy {
 
   static_assert(D == 64 || D == 128, "head dims of the Hopper decode (D = 256 stays portable)");
   static_assert(kRowTile == 8 || kRowTile == 16 || (kRowTile == 32 && D == 64), "row tiles (row_tile.cuh)");
-  static_assert(kItemHeads == 1 || (kItemHeads == 2 && kFp8 && D == 64 && kRowTile == 8),
-                "two KV heads per item: fp8 D = 64 on 8-row tiles (one 128-byte row of both)");
+  static_assert(kItemHeads == 1 || (kItemHeads == 2 && D == 64 && kRowTile == 8),
+                "two KV heads per item: D = 64 on 8-row tiles (one box row of both)");
   static_assert(KW % 16 == 0 && KW <= 64, "whole k16 steps of P V");
   static_assert(kWarps % 2 == 0 && kWarps <= 8, "warp pairs in the epilogue");
   static_assert(kStages >= 2 && kStages <= kMaxStages, "stages");
@@ -273,8 +278,10 @@ inline int decode_sm90_row_tile(int group, int q_len_per_req) {
 /// Whether a call of up to 8 rows per KV head may take items of two KV heads (DecodePolicy
 /// kItemHeads; the cache's layout is kv_tensor_maps' test): fp8 at D = 64, an even count.
 inline bool decode_sm90_pairs_ok(int head_dim, bool kv_fp8, int num_kv_heads) {
-  return PAGEDMHA_DECODE_SM90_PAIRS != 0 && kv_fp8 && head_dim == 64 && num_kv_heads % 2 == 0;
+  return PAGEDMHA_DECODE_SM90_PAIRS != 0 && (kv_fp8 || PAGEDMHA_DECODE_SM90_PAIRS16 != 0) && head_dim == 64 &&
+         num_kv_heads % 2 == 0;
 }
+constexpr bool kDecodeSm90Pairs16 = PAGEDMHA_DECODE_SM90_PAIRS16 != 0;
 
 /// Whether a decode call fits here: G * q_len_per_req rows in one row tile (<= 16, or
 /// <= 32 at D = 64), 16-bit queries (fp8 queries stay on the portable kernel). The K / V

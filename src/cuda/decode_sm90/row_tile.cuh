@@ -220,7 +220,8 @@ struct RowTileN : RowTileBase<Pol, T> {
   using typename B::QRow;
   using Frag = RowsInN;
   // MT: the item's KV heads (policy.h kItemHeads), one 8-row tile each over its D-dim
-  // part of the ring's fp8 rows (kRaw 16-byte chunks a row; head mt's from mt D / 16).
+  // part of the ring's rows (fp8: kRaw 16-byte chunks a row, head mt's from mt D / 16;
+  // 16-bit: head mt's chunks from mt D / 8).
   static constexpr int D = B::D, KW = B::KW, TK = B::TK, kRaw = Pol::kChunks;
   static constexpr int MT = Pol::kItemHeads, kRows = 8, NS = KW / 16, NA = D / 16, NQ = 2;
 
@@ -267,20 +268,22 @@ struct RowTileN : RowTileBase<Pol, T> {
         }
       }
     } else {
-      static_assert(MT == 1, "16-bit rows: one KV head per item");
-      const uint32_t(&q)[D / 16][NQ] = qm[0];
-      float(&s)[NS][4] = sm[0];
-      B::zero(s);
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint32_t(&q)[D / 16][NQ] = qm[mt];
+        float(&s)[NS][4] = sm[mt];
+        B::zero(s);
 #pragma unroll
-        for (int i = 0; i < NS; ++i) {
-          // Matrices: keys 0-7 / 8-15 of dims 16 kk .. + 7, then of dims + 8 .. + 15: A's
-          // a0 .. a3 in the registers ldmatrix writes (no moves before the mma).
-          uint32_t ka[4];
-          const int key = 16 * i + (lane & 7) + (((lane >> 3) & 1) << 3);
-          ldmatrix_x4(ka, k_base + tile_offset(TK, warp * KW + key, 2 * kk + (lane >> 4)));
-          mma_16816<T>(s[i], ka, q[kk][0], q[kk][1]);
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+          for (int i = 0; i < NS; ++i) {
+            // Matrices: keys 0-7 / 8-15 of dims 16 kk .. + 7, then of dims + 8 .. + 15: A's
+            // a0 .. a3 in the registers ldmatrix writes (no moves before the mma).
+            uint32_t ka[4];
+            const int key = 16 * i + (lane & 7) + (((lane >> 3) & 1) << 3);
+            ldmatrix_x4(ka, k_base + tile_offset(TK, warp * KW + key, mt * (D / 8) + 2 * kk + (lane >> 4)));
+            mma_16816<T>(s[i], ka, q[kk][0], q[kk][1]);
+          }
         }
       }
     }
@@ -319,7 +322,8 @@ struct RowTileN : RowTileBase<Pol, T> {
             // Matrices (transposed): dims 16 dp .. + 7 / + 8 .. + 15 of keys 0-7, then of
             // keys 8-15: A's a0 .. a3 in the registers ldmatrix writes.
             uint32_t va[4];
-            ldmatrix_x4_trans(va, v_base + tile_offset(TK, warp * KW + key, 2 * dp + ((lane >> 3) & 1)));
+            ldmatrix_x4_trans(va,
+                              v_base + tile_offset(TK, warp * KW + key, mt * (D / 8) + 2 * dp + ((lane >> 3) & 1)));
             mma_16816<T>(acc[dp], va, pb0, pb1);
           }
         }

@@ -69,8 +69,8 @@ constexpr CUtensorMapDataType tensor_map_dtype() {
 /// head (16-bit, 128-byte swizzle) or [kv_box_rows][D] bytes (fp8: unswizzled, or with
 /// fp8_swizzled the swizzle of the raw tiles' fragment reads, common/paged_loader.cuh
 /// swizzle_rows: 128-byte rows at D = 128, 64-byte rows at D = 64). `geo` is set either
-/// way. With item_heads = n > 1 (fp8 only) a box row is n adjacent heads' rows, n D bytes
-/// (the decode's items of two KV heads, decode_sm90/policy.h kItemHeads): the head
+/// way. With item_heads = n > 1 a row is n adjacent heads' rows, n D elements (the
+/// decode's items of two KV heads, decode_sm90/policy.h kItemHeads): the head
 /// coordinate counts groups of n, and the cache's heads must be adjacent (head stride D)
 /// and a multiple of n. False when the layout does not allow TMA or the driver refuses
 /// the maps.
@@ -78,8 +78,7 @@ template <int D, class T, bool kFp8>
 bool kv_tensor_maps(const detail::KvCacheDesc& kv, int block_n, CUtensorMap& tm_k, CUtensorMap& tm_v,
                     PageGeometry& geo, bool fp8_swizzled = false, int item_heads = 1) {
   const int64_t es = kFp8 ? 1 : 2;
-  if (item_heads > 1 && (!kFp8 || kv.num_kv_heads % item_heads != 0 || kv.k.head_stride != D ||
-                         kv.v.head_stride != D)) {
+  if (item_heads > 1 && (kv.num_kv_heads % item_heads != 0 || kv.k.head_stride != D || kv.v.head_stride != D)) {
     return false;
   }
   const int row = D * item_heads;  // elements of a box row
