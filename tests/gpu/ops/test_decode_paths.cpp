@@ -140,7 +140,7 @@ TEST(GpuDecodePaths, VerifyRowsOnThe32RowTile) {
 // finished with the other head's sink, or written to its output, would show), soft-cap,
 // windows, lse, page sizes 8 to 256 and the interleaved cache; then one KV head per item
 // where the pair does not apply (3 KV heads, the head-major cache, 16 rows); then split
-// counts, each within an ulp of one split.
+// counts, each within an ulp of one split, and a 128k request.
 TEST(GpuDecodePaths, Fp8HeadPairsOnTheRing) {
   REQUIRE_GPU();
   struct Shape {
@@ -184,6 +184,12 @@ TEST(GpuDecodePaths, Fp8HeadPairsOnTheRing) {
   c.kv_lens = {9000, 4097, 300, 129};
   c.seed = 1850;
   check_split_counts(c, {0, 3, 40, 128});
+  // TESTING.md's long context: one 128k request, gpt-oss's geometry at TP 4.
+  c.Hq = 16, c.Hkv = 2;
+  c.page_size = 64;
+  c.kv_lens = {131072};
+  c.seed = 1851;
+  check_case(c);
 }
 
 // Page sizes no other suite uses: 8 (the general path for 16-key runs; the run path for
