@@ -209,7 +209,7 @@ struct DecodePolicy {
   // only. fp8 D = 128 rows are 128 bytes: 32 keys in the stages 16-bit rows take 16.
   // fp8 D = 64 with the 8-row tile: 64 (32 KB stages, three; 8-row S in 16 registers):
   // gpt-oss fp8 -10 to -13% at 64 x 4k and 128 x 32k, -3% at 1 x 32k against 32 keys
-  // (H200 s18run2).
+  // (H200 s18run2). Two heads per item (128-byte rows): 32, in the same 32 KB stages.
   static constexpr int KW = kRowTile == 32 ? kKw32 : kKnobs8 ? kKw8 : kKw0;
   // TMA boxes of a row: 64-column panels of 128 bytes (16-bit), or the whole fp8 row
   // (128-byte swizzle at D = 128, 64-byte swizzle at D = 64: paged_kv.cuh kv_tensor_maps).

@@ -10,8 +10,8 @@
 //   workspace reused across calls without refilling; the merge's two grids, bitwise;
 // - batches past one 128-request chunk of the in-kernel item scan, with row chunks;
 // - fp8 caches on the Hopper decode's ring (decode_sm90/: raw fp8 stages of 128 keys, 256
-//   at D = 64 on the 8-row tile, in TMA's 128-byte / 64-byte swizzle, Q in the fp8
-//   fragments' dim order), on both row tiles (8 rows, and 16 for G 4 x q_len 4);
+//   at D = 64 on the 8-row tile of one KV head, in TMA's 128-byte / 64-byte swizzle, Q in
+//   the fp8 fragments' dim order), on both row tiles (8 rows, and 16 for G 4 x q_len 4);
 // - 17-32 rows at D = 64 on the Hopper decode's 32-row tile;
 // - fp8 at D = 64 with two KV heads per Hopper decode work item.
 #include <gtest/gtest.h>
