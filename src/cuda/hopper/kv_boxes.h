@@ -24,4 +24,14 @@ inline bool kv_box_layout_ok(int page_size, int block_n) {
   return (box & (box - 1)) == 0 && page_size % box == 0;
 }
 
+/// Whether boxes of item_heads adjacent KV heads (one row of item_heads * head_dim
+/// elements: the decode's items of two heads, decode_sm90/policy.h kItemHeads) fit the
+/// cache: the heads a multiple of item_heads and each head's row right after the
+/// previous one in K and in V (head stride head_dim elements: NHD, not head-major).
+inline bool kv_heads_adjacent(int num_kv_heads, long long k_head_stride, long long v_head_stride, int head_dim,
+                              int item_heads) {
+  return item_heads == 1 || (item_heads > 1 && num_kv_heads % item_heads == 0 && k_head_stride == head_dim &&
+                             v_head_stride == head_dim);
+}
+
 }  // namespace pagedmha::cuda::sm90

@@ -79,9 +79,7 @@ bool kv_tensor_maps(const detail::KvCacheDesc& kv, int block_n, CUtensorMap& tm_
                     PageGeometry& geo, bool fp8_swizzled = false, int item_heads = 1) {
   const int64_t es = kFp8 ? 1 : 2;
   geo = PageGeometry::make(kv.page_size, kv_box_rows(kv.page_size, block_n));
-  if (item_heads > 1 && (kv.num_kv_heads % item_heads != 0 || kv.k.head_stride != D || kv.v.head_stride != D)) {
-    return false;
-  }
+  if (!kv_heads_adjacent(kv.num_kv_heads, kv.k.head_stride, kv.v.head_stride, D, item_heads)) return false;
   const int row = D * item_heads;  // elements of a box row
   if (!kv_tma_ok(kv.page_size, block_n, kv.k.data, kv.v.data, kv.k.page_stride * es, kv.k.token_stride * es,
                  kv.k.head_stride * es, kv.v.page_stride * es, kv.v.token_stride * es, kv.v.head_stride * es,

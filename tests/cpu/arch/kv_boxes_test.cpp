@@ -51,3 +51,21 @@ TEST(KvBoxes, NonsenseSizesAreRefused) {
 }
 
 }  // namespace
+
+// Boxes of two adjacent KV heads (the Hopper decode's fp8 D = 64 items): the strides of
+// the test oracle's layouts (tests/oracle/paged_problem.h make_paged_kv), at D = 64 with
+// 8 KV heads and pages of 16: NHD and the interleaved K / V buffer have head stride D,
+// head-major pages P D; an odd head count, or V alone strided otherwise, takes one head.
+TEST(KvBoxes, HeadPairsOnlyWhereTheHeadsAreAdjacent) {
+  using pagedmha::cuda::sm90::kv_heads_adjacent;
+  const int D = 64, P = 16;
+  EXPECT_TRUE(kv_heads_adjacent(8, D, D, D, 2));           // nhd3 / nhd4 / interleaved
+  EXPECT_FALSE(kv_heads_adjacent(8, P * D, P * D, D, 2));  // hnd4
+  EXPECT_FALSE(kv_heads_adjacent(8, D, P * D, D, 2));      // V head-major only
+  EXPECT_FALSE(kv_heads_adjacent(8, 2 * D, 2 * D, D, 2));  // padded heads
+  EXPECT_FALSE(kv_heads_adjacent(3, D, D, D, 2));          // odd count
+  EXPECT_FALSE(kv_heads_adjacent(1, D, D, D, 2));
+  EXPECT_TRUE(kv_heads_adjacent(2, D, D, D, 2));
+  EXPECT_TRUE(kv_heads_adjacent(3, P * D, P * D, D, 1));  // one head per item: any layout
+  EXPECT_FALSE(kv_heads_adjacent(8, D, D, D, 0));
+}
