@@ -24,6 +24,10 @@ if [ -x "$nvcc_bin" ] && [ "${PAGEDMHA_KNOB_BUILD:-1}" != 0 ]; then
   PATH=$PATH:$(dirname "$nvcc_bin") BUILD_ONLY=1 bash bench/prefill_variants.sh "default:" \
     "knobs:-DPAGEDMHA_SM90_PLAN_PAIR_ROUNDS=0 -DPAGEDMHA_SM90_FP8_WG3=0 -DPAGEDMHA_SM90_PRED_RELEASE=0 -DPAGEDMHA_SM90_FP8_D256_TEAMS=0"
   echo "test.sh: Hopper prefill knob build $(( $(date +%s) - tk )) s" >&2
+  tk=$(date +%s)
+  PATH=$PATH:$(dirname "$nvcc_bin") KERNEL=decode BUILD_ONLY=1 bash bench/prefill_variants.sh \
+    "knobs:-DPAGEDMHA_DECODE_SM90_PAIRS16=1"
+  echo "test.sh: Hopper decode knob build $(( $(date +%s) - tk )) s" >&2
 fi
 if [ "${PAGEDMHA_WHEEL:-1}" != 0 ]; then
   tw=$(date +%s)
